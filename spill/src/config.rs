@@ -1,0 +1,231 @@
+//! Configuration: where spill files go, how they are compressed and read, and
+//! how much disk they may take.
+
+use std::fmt;
+use std::path::PathBuf;
+use std::str::FromStr;
+
+/// Compression of the buffers inside a spill file.
+///
+/// Compression is per buffer (the Arrow IPC `BodyCompression` scheme), so a
+/// compressed spill file is still a standard Arrow IPC stream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum SpillCompression {
+    /// Buffers are written as they are in memory. Fastest on a local disk.
+    #[default]
+    None,
+    /// LZ4 frame compression: cheap, usually halves string-heavy data.
+    Lz4,
+    /// Zstandard (arrow's default level): smallest files, slowest to write.
+    Zstd,
+}
+
+impl SpillCompression {
+    /// The name accepted by [`FromStr`] and printed by [`fmt::Display`].
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SpillCompression::None => "none",
+            SpillCompression::Lz4 => "lz4",
+            SpillCompression::Zstd => "zstd",
+        }
+    }
+
+    pub(crate) fn ipc_compression(self) -> Option<arrow_ipc::CompressionType> {
+        match self {
+            SpillCompression::None => None,
+            SpillCompression::Lz4 => Some(arrow_ipc::CompressionType::LZ4_FRAME),
+            SpillCompression::Zstd => Some(arrow_ipc::CompressionType::ZSTD),
+        }
+    }
+}
+
+impl fmt::Display for SpillCompression {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for SpillCompression {
+    type Err = ParseSpillOptionError;
+
+    /// Parses `none`, `lz4` or `zstd` (ASCII case-insensitive).
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        [
+            SpillCompression::None,
+            SpillCompression::Lz4,
+            SpillCompression::Zstd,
+        ]
+        .into_iter()
+        .find(|c| c.as_str().eq_ignore_ascii_case(s))
+        .ok_or_else(|| ParseSpillOptionError {
+            option: "spill compression",
+            input: s.to_owned(),
+            expected: "none, lz4 or zstd",
+        })
+    }
+}
+
+/// How a [`crate::SpillReader`] gets the bytes of a file.
+///
+/// Both modes decode the same bytes with the same checks and yield the same
+/// batches; they differ only in speed and in what a concurrent truncation of
+/// the file does (see [`SpillReadMode::Mmap`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum SpillReadMode {
+    /// `read(2)` each message into a freshly allocated, 64-byte aligned buffer
+    /// that the decoded arrays then share (one copy, out of the page cache).
+    ///
+    /// The default: it measured faster than [`SpillReadMode::Mmap`] on the
+    /// benchmark machine once the batches' pages are touched (see
+    /// `BENCHMARKS.md`, "Spill files").
+    #[default]
+    Buffered,
+    /// Map the file and decode arrays that point straight into the mapping
+    /// (zero-copy for uncompressed, aligned buffers).
+    ///
+    /// Pages are faulted in when the arrays are first touched. If another
+    /// process truncates the file while it is mapped, touching the lost pages
+    /// raises `SIGBUS`; the private spill directory makes that impossible for
+    /// the manager's own files, so only use this mode with
+    /// [`crate::read_spill_file`] on files nobody else modifies.
+    Mmap,
+}
+
+impl SpillReadMode {
+    /// The name accepted by [`FromStr`] and printed by [`fmt::Display`].
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SpillReadMode::Buffered => "buffered",
+            SpillReadMode::Mmap => "mmap",
+        }
+    }
+}
+
+impl fmt::Display for SpillReadMode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for SpillReadMode {
+    type Err = ParseSpillOptionError;
+
+    /// Parses `buffered` or `mmap` (ASCII case-insensitive).
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        [SpillReadMode::Buffered, SpillReadMode::Mmap]
+            .into_iter()
+            .find(|m| m.as_str().eq_ignore_ascii_case(s))
+            .ok_or_else(|| ParseSpillOptionError {
+                option: "spill read mode",
+                input: s.to_owned(),
+                expected: "buffered or mmap",
+            })
+    }
+}
+
+/// The error of parsing a [`SpillCompression`] or [`SpillReadMode`] from a string.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown {option} {input:?}: expected {expected}")]
+pub struct ParseSpillOptionError {
+    option: &'static str,
+    input: String,
+    expected: &'static str,
+}
+
+/// Configuration of a [`crate::SpillManager`].
+///
+/// ```
+/// use spilljoin_spill::{SpillCompression, SpillConfig, SpillReadMode};
+///
+/// let config = SpillConfig::default()
+///     .with_compression("lz4".parse()?)
+///     .with_disk_quota_bytes(10 << 30)
+///     .with_read_mode(SpillReadMode::Buffered);
+/// assert_eq!(config.compression, SpillCompression::Lz4);
+/// assert_eq!(config.disk_quota_bytes, Some(10 << 30));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct SpillConfig {
+    /// The directory in which the manager creates its private spill directory;
+    /// `None` means [`std::env::temp_dir`]. It must exist.
+    pub root_dir: Option<PathBuf>,
+    /// Compression of newly written files.
+    pub compression: SpillCompression,
+    /// The most bytes all live files of one manager may hold together;
+    /// `None` means unlimited.
+    pub disk_quota_bytes: Option<u64>,
+    /// How files are read back.
+    pub read_mode: SpillReadMode,
+}
+
+impl SpillConfig {
+    /// Sets [`SpillConfig::root_dir`].
+    pub fn with_root_dir(mut self, root_dir: impl Into<PathBuf>) -> Self {
+        self.root_dir = Some(root_dir.into());
+        self
+    }
+
+    /// Sets [`SpillConfig::compression`].
+    pub fn with_compression(mut self, compression: SpillCompression) -> Self {
+        self.compression = compression;
+        self
+    }
+
+    /// Sets [`SpillConfig::disk_quota_bytes`]; takes a `u64` or an `Option<u64>`.
+    pub fn with_disk_quota_bytes(mut self, disk_quota_bytes: impl Into<Option<u64>>) -> Self {
+        self.disk_quota_bytes = disk_quota_bytes.into();
+        self
+    }
+
+    /// Sets [`SpillConfig::read_mode`].
+    pub fn with_read_mode(mut self, read_mode: SpillReadMode) -> Self {
+        self.read_mode = read_mode;
+        self
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn compression_parses_and_prints() {
+        for c in [
+            SpillCompression::None,
+            SpillCompression::Lz4,
+            SpillCompression::Zstd,
+        ] {
+            assert_eq!(c.to_string().parse::<SpillCompression>(), Ok(c));
+        }
+        assert_eq!("ZSTD".parse::<SpillCompression>(), Ok(SpillCompression::Zstd));
+        let err = "gzip".parse::<SpillCompression>().unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "unknown spill compression \"gzip\": expected none, lz4 or zstd"
+        );
+        assert_eq!(SpillCompression::default(), SpillCompression::None);
+    }
+
+    #[test]
+    fn read_mode_parses_and_prints() {
+        for m in [SpillReadMode::Buffered, SpillReadMode::Mmap] {
+            assert_eq!(m.to_string().parse::<SpillReadMode>(), Ok(m));
+        }
+        assert!("mapped".parse::<SpillReadMode>().is_err());
+    }
+
+    #[test]
+    fn builders_set_fields() {
+        let c = SpillConfig::default()
+            .with_root_dir("/x")
+            .with_compression(SpillCompression::Zstd)
+            .with_disk_quota_bytes(5)
+            .with_read_mode(SpillReadMode::Mmap);
+        assert_eq!(c.root_dir.as_deref(), Some(std::path::Path::new("/x")));
+        assert_eq!(c.compression, SpillCompression::Zstd);
+        assert_eq!(c.disk_quota_bytes, Some(5));
+        assert_eq!(c.read_mode, SpillReadMode::Mmap);
+        assert_eq!(c.with_disk_quota_bytes(None).disk_quota_bytes, None);
+    }
+}

@@ -1,0 +1,141 @@
+//! Spill files for spilljoin: Arrow IPC streams in a private temporary
+//! directory, under a disk quota, deleted as soon as nobody needs them.
+//!
+//! When the join runs out of memory it writes partitions out here and reads
+//! them back later. This crate owns everything about those files: where they
+//! live, what is in them, how much disk they may take, and that they are gone
+//! when the join is — finished, failed, dropped or unwound by a panic.
+//!
+//! # Lifecycle
+//!
+//! ```text
+//! SpillManager::new(config)          creates  $root/spilljoin-XXXXXX/  (0o700)
+//!   │
+//!   ├─ create_writer(schema, label) ─► SpillWriter        000042-<label>.arrows
+//!   │                                    │  write(&batch)*   (quota checked on
+//!   │                                    │                    every write)
+//!   │                                    │  drop ──────────► file deleted
+//!   │                                    ▼
+//!   │                                  finish()  ──► SpillFile  (read-only, Clone)
+//!   │                                                   │
+//!   │                                                   ├─ reader() ─► SpillReader
+//!   │                                                   │               Iterator<Item =
+//!   │                                                   │               Result<RecordBatch>>
+//!   │                                                   └─ last clone dropped
+//!   │                                                        (readers hold one) ─► file deleted
+//!   ▼
+//! last SpillManager clone and last SpillFile dropped ─► directory removed
+//! ```
+//!
+//! # Files
+//!
+//! A spill file is a plain Arrow IPC *stream* (schema message, then one
+//! dictionary message per dictionary column and batch and one record batch
+//! message per batch, then the end-of-stream marker), optionally with
+//! per-buffer LZ4 or Zstd compression ([`SpillCompression`]). Any Arrow
+//! implementation can read one (`pyarrow.ipc.open_stream`, for instance),
+//! which helps when debugging; files are named `<sequence>-<label>.arrows`.
+//!
+//! Reading is strict where arrow's stream reader is lenient: every length is
+//! checked against the bytes that exist before anything is allocated, and a
+//! file must end with the end-of-stream marker and nothing after it, so a
+//! truncated file is an error ([`SpillError::Corrupt`]) instead of fewer
+//! batches. See [`SpillReader`] for the defences against garbled files, and
+//! [`SpillReadMode`] for the two ways of getting the bytes.
+//!
+//! # Deletion
+//!
+//! A file is deleted when its last owner goes: the unfinished
+//! [`SpillWriter`], or the last clone of its [`SpillFile`] (each open
+//! [`SpillReader`] holds one). Every file also holds the manager's shared
+//! state, so the directory outlives every file in it and is removed,
+//! recursively, when the last [`SpillManager`] clone and the last file are
+//! gone. All of this happens in `Drop`, so it also happens while a panic
+//! unwinds. (A process killed outright leaves its `spilljoin-*` directory
+//! behind in the temporary directory.)
+//!
+//! # Disk quota
+//!
+//! [`SpillConfig::disk_quota_bytes`] bounds the bytes held by all live files
+//! of one manager together. Bytes are reserved before each write reaches the
+//! file, so the quota is never overshot; a refused write fails with
+//! [`SpillError::QuotaExceeded`] carrying the numbers, and leaves that writer
+//! unusable. Deleting a file returns its bytes. [`SpillManager::disk_used_bytes`]
+//! is the figure the quota is checked against, [`SpillManager::metrics`] the
+//! cumulative totals.
+//!
+//! # Example
+//!
+//! ```
+//! use std::sync::Arc;
+//! use arrow_array::{Int64Array, RecordBatch, StringArray};
+//! use arrow_schema::{DataType, Field, Schema};
+//! use spilljoin_spill::{SpillCompression, SpillConfig, SpillError, SpillManager};
+//!
+//! let manager = SpillManager::new(
+//!     SpillConfig::default()
+//!         .with_compression(SpillCompression::Lz4)
+//!         .with_disk_quota_bytes(1 << 30),
+//! )?;
+//! let schema = Arc::new(Schema::new(vec![
+//!     Field::new("key", DataType::Int64, false),
+//!     Field::new("name", DataType::Utf8, true),
+//! ]));
+//! let batch = RecordBatch::try_new(
+//!     schema.clone(),
+//!     vec![
+//!         Arc::new(Int64Array::from(vec![1, 2, 3])),
+//!         Arc::new(StringArray::from(vec![Some("a"), None, Some("c")])),
+//!     ],
+//! )?;
+//!
+//! let mut writer = manager.create_writer(schema, "build-partition-3")?;
+//! writer.write(&batch)?;
+//! writer.write(&batch.slice(1, 2))?;
+//! let file = writer.finish()?;
+//! assert_eq!((file.rows(), file.batches()), (5, 2));
+//! assert_eq!(manager.disk_used_bytes(), file.bytes());
+//!
+//! let read: Vec<RecordBatch> = file.reader()?.collect::<Result<_, SpillError>>()?;
+//! assert_eq!(read, vec![batch.clone(), batch.slice(1, 2)]);
+//!
+//! drop(file);
+//! assert_eq!(manager.live_files(), 0);
+//! assert_eq!(manager.disk_used_bytes(), 0);
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+
+#![warn(missing_docs)]
+
+mod config;
+mod error;
+mod file;
+mod manager;
+mod message;
+mod quota;
+mod reader;
+mod writer;
+
+pub use config::{ParseSpillOptionError, SpillCompression, SpillConfig, SpillReadMode};
+pub use error::SpillError;
+pub use file::SpillFile;
+pub use manager::{SpillManager, SpillMetrics};
+pub use reader::{read_spill_file, SpillReader, UNTRUSTED_DECODED_BYTES_MAX};
+pub use writer::SpillWriter;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn assert_send_sync<T: Send + Sync>() {}
+    fn assert_send<T: Send>() {}
+
+    #[test]
+    fn thread_safety_of_public_types() {
+        assert_send_sync::<SpillManager>();
+        assert_send_sync::<SpillFile>();
+        assert_send::<SpillWriter>();
+        assert_send::<SpillReader>();
+        assert_send_sync::<SpillError>();
+    }
+}

@@ -1,0 +1,232 @@
+//! Framing: cutting a spill file into IPC messages, with every length checked
+//! against the bytes that are really there before anything is allocated.
+//!
+//! An Arrow IPC stream is a sequence of encapsulated messages:
+//!
+//! ```text
+//! ┌────────────┬──────────────┬───────────────────────┬─────────────────────┐
+//! │ 0xFFFFFFFF │ metadata len │ metadata (flatbuffer, │ body (buffers, each │
+//! │ (optional) │ i32 LE       │ padded to 8)          │ padded to 8/64)     │
+//! └────────────┴──────────────┴───────────────────────┴─────────────────────┘
+//!   … repeated: schema, then dictionary and record batch messages …
+//! ┌────────────┬────────────┐
+//! │ 0xFFFFFFFF │ 0x00000000 │  end-of-stream marker
+//! └────────────┴────────────┘
+//! ```
+//!
+//! arrow's own `StreamReader` trusts the lengths: it allocates the body length
+//! written in the metadata before reading it, so a garbled length asks for
+//! gigabytes, and it treats a file that stops between two messages as
+//! complete. Spill files are read with this framing instead, which refuses
+//! both: a length larger than the rest of the file is corruption, and a file
+//! must end with the end-of-stream marker and nothing after it, so a
+//! truncated spill file can never silently lose its last batches.
+
+use std::fs::File;
+use std::io::{self, BufReader, Read};
+use std::path::Path;
+use std::ptr::NonNull;
+use std::sync::Arc;
+
+use arrow_buffer::Buffer;
+use arrow_ipc::convert::MessageBuffer;
+
+use crate::config::SpillReadMode;
+
+/// The first four bytes of every message in the current IPC format.
+const CONTINUATION_MARKER: [u8; 4] = [0xff; 4];
+
+/// Capacity of the `BufReader` in [`SpillReadMode::Buffered`]. Message
+/// headers and metadata (a few hundred bytes) come out of it; bodies at least
+/// this large are read straight into their own buffer.
+const READ_BUFFER_BYTES: usize = 64 << 10;
+
+/// One message: its verified flatbuffer metadata and its body.
+pub(crate) struct RawMessage {
+    pub(crate) metadata: MessageBuffer,
+    pub(crate) body: Buffer,
+}
+
+/// Why a message could not be framed.
+pub(crate) enum FrameError {
+    /// The operating system failed a read.
+    Io(io::Error),
+    /// The bytes are not a well-formed, complete IPC stream.
+    Corrupt(String),
+}
+
+/// The bytes of a spill file, read either way.
+pub(crate) enum MessageSource {
+    Buffered(Buffered),
+    Mapped(Mapped),
+}
+
+pub(crate) struct Buffered {
+    reader: BufReader<File>,
+    /// Bytes not yet read, from the file's length when it was opened.
+    remaining: u64,
+}
+
+pub(crate) struct Mapped {
+    /// The whole mapping; decoded arrays slice it without copying.
+    bytes: Buffer,
+    position: usize,
+}
+
+impl MessageSource {
+    /// Opens `path` for reading in `mode`.
+    pub(crate) fn open(path: &Path, mode: SpillReadMode) -> io::Result<Self> {
+        let file = File::open(path)?;
+        let len = file.metadata()?.len();
+        match mode {
+            SpillReadMode::Buffered => Ok(Self::Buffered(Buffered {
+                reader: BufReader::with_capacity(READ_BUFFER_BYTES, file),
+                remaining: len,
+            })),
+            SpillReadMode::Mmap => Ok(Self::Mapped(Mapped::map(&file, len)?)),
+        }
+    }
+
+    /// The next message, `Ok(None)` at the end-of-stream marker.
+    pub(crate) fn next_message(&mut self) -> Result<Option<RawMessage>, FrameError> {
+        let Some(metadata_len) = self.read_prefix()? else {
+            let trailing = self.remaining();
+            if trailing != 0 {
+                return Err(FrameError::Corrupt(format!(
+                    "{trailing} bytes after the end-of-stream marker"
+                )));
+            }
+            return Ok(None);
+        };
+        let metadata = self.take(metadata_len, "message metadata")?;
+        let metadata =
+            MessageBuffer::try_new(metadata).map_err(|e| FrameError::Corrupt(e.to_string()))?;
+        let body_len = metadata.as_ref().bodyLength();
+        let body_len = usize::try_from(body_len)
+            .map_err(|_| FrameError::Corrupt(format!("negative message body length {body_len}")))?;
+        let body = self.take(body_len, "message body")?;
+        Ok(Some(RawMessage { metadata, body }))
+    }
+
+    /// Reads the continuation marker (if any) and the metadata length;
+    /// `None` for the end-of-stream marker.
+    fn read_prefix(&mut self) -> Result<Option<usize>, FrameError> {
+        if self.remaining() == 0 {
+            return Err(FrameError::Corrupt(
+                "file ends without the end-of-stream marker".to_owned(),
+            ));
+        }
+        let mut word = self.read_word()?;
+        if word == CONTINUATION_MARKER {
+            word = self.read_word()?;
+        }
+        let len = i32::from_le_bytes(word);
+        if len == 0 {
+            return Ok(None);
+        }
+        let len = usize::try_from(len)
+            .map_err(|_| FrameError::Corrupt(format!("negative message metadata length {len}")))?;
+        Ok(Some(len))
+    }
+
+    fn read_word(&mut self) -> Result<[u8; 4], FrameError> {
+        if self.remaining() < 4 {
+            return Err(FrameError::Corrupt(
+                "file ends inside a message header".to_owned(),
+            ));
+        }
+        let mut word = [0; 4];
+        match self {
+            Self::Buffered(b) => {
+                b.reader.read_exact(&mut word).map_err(eof_is_corrupt)?;
+                b.remaining -= 4;
+            }
+            Self::Mapped(m) => {
+                word.copy_from_slice(&m.bytes[m.position..m.position + 4]);
+                m.position += 4;
+            }
+        }
+        Ok(word)
+    }
+
+    /// The next `len` bytes as a buffer: a zero-copy slice of the mapping, or
+    /// a fresh allocation filled by one read.
+    fn take(&mut self, len: usize, what: &str) -> Result<Buffer, FrameError> {
+        let remaining = self.remaining();
+        if len as u64 > remaining {
+            return Err(FrameError::Corrupt(format!(
+                "{what} of {len} bytes overruns the {remaining} bytes left in the file"
+            )));
+        }
+        match self {
+            Self::Buffered(b) => {
+                // `read_to_end` fills the spare capacity without zeroing it
+                // first; the capacity is exact, so it never reallocates.
+                let mut bytes = Vec::with_capacity(len);
+                (&mut b.reader)
+                    .take(len as u64)
+                    .read_to_end(&mut bytes)
+                    .map_err(FrameError::Io)?;
+                if bytes.len() != len {
+                    return Err(FrameError::Corrupt(format!(
+                        "file shrank while being read: {what} short by {} bytes",
+                        len - bytes.len()
+                    )));
+                }
+                b.remaining -= len as u64;
+                Ok(Buffer::from_vec(bytes))
+            }
+            Self::Mapped(m) => {
+                let slice = m.bytes.slice_with_length(m.position, len);
+                m.position += len;
+                Ok(slice)
+            }
+        }
+    }
+
+    fn remaining(&self) -> u64 {
+        match self {
+            Self::Buffered(b) => b.remaining,
+            Self::Mapped(m) => (m.bytes.len() - m.position) as u64,
+        }
+    }
+}
+
+impl Mapped {
+    fn map(file: &File, len: u64) -> io::Result<Self> {
+        if len == 0 {
+            // Mapping zero bytes fails on some platforms; nothing to map.
+            return Ok(Self {
+                bytes: Buffer::from_vec(Vec::<u8>::new()),
+                position: 0,
+            });
+        }
+        // SAFETY: the mapping is valid for as long as the `Mmap` lives, and
+        // the `Buffer` below owns it through an `Arc`. Its contents may only
+        // change (or its pages vanish, raising SIGBUS) if another process
+        // writes or truncates the file while it is mapped. Spill files live
+        // in a 0o700 directory of this process and are never written after
+        // `finish`; `SpillReadMode::Mmap` documents the risk for other paths.
+        let mmap = unsafe { memmap2::MmapOptions::new().map(file)? };
+        // Readahead hint only; failure changes nothing but speed.
+        #[cfg(unix)]
+        let _ = mmap.advise(memmap2::Advice::Sequential);
+        let ptr = NonNull::new(mmap.as_ptr().cast_mut()).ok_or_else(|| {
+            io::Error::other("mmap returned a null pointer")
+        })?;
+        let map_len = mmap.len();
+        // SAFETY: `ptr` points to `map_len` readable bytes owned by `mmap`,
+        // which the buffer keeps alive (the `Arc` owner) until the last slice
+        // of it is dropped; the bytes are never written through this pointer.
+        let bytes = unsafe { Buffer::from_custom_allocation(ptr, map_len, Arc::new(mmap)) };
+        Ok(Self { bytes, position: 0 })
+    }
+}
+
+fn eof_is_corrupt(e: io::Error) -> FrameError {
+    if e.kind() == io::ErrorKind::UnexpectedEof {
+        FrameError::Corrupt("file shrank while being read".to_owned())
+    } else {
+        FrameError::Io(e)
+    }
+}

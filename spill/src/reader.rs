@@ -1,0 +1,420 @@
+//! Reading a spill file back: framing (see [`crate::message`]), then arrow's
+//! decoder for each message, with the checks that make any byte sequence
+//! safe to read.
+//!
+//! Defences against a garbled file, in the order they apply:
+//!
+//! 1. Framing checks every length against the bytes left in the file and
+//!    verifies each message's flatbuffer before anything is decoded.
+//! 2. [`check_body`] checks that every buffer a message points to lies inside
+//!    its body (arrow would panic on slicing past the end) and, for files not
+//!    written by this process, that compressed buffers do not declare more
+//!    than [`UNTRUSTED_DECODED_BYTES_MAX`] decompressed bytes per message
+//!    (arrow allocates the declared size before decompressing).
+//! 3. Arrays of files not written by this process are fully validated by
+//!    arrow while they are built (offsets, UTF-8, dictionary keys, child
+//!    lengths); our own files skip that (see [`Trust`]).
+//! 4. Last line of defence: arrow's schema conversion (`fb_to_schema`) and
+//!    array construction still `panic!`/`unwrap()` on some malformed
+//!    metadata (unknown type ids, decimal widths, union modes, missing
+//!    children, buffer counts). Each call into arrow's decoder is therefore
+//!    wrapped in `catch_unwind` and a panic becomes [`SpillError::Corrupt`].
+//!    The reader is never used again after that (it is marked finished), so
+//!    no half-updated state is observed. This does not help a binary built
+//!    with `panic = "abort"`.
+
+use std::collections::HashMap;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::path::{Path, PathBuf};
+
+use arrow_array::{ArrayRef, RecordBatch};
+use arrow_buffer::Buffer;
+use arrow_data::UnsafeFlag;
+use arrow_ipc::reader::{read_dictionary_impl, RecordBatchDecoder};
+use arrow_ipc::MessageHeader;
+use arrow_schema::{ArrowError, SchemaRef};
+
+use crate::config::SpillReadMode;
+use crate::error::SpillError;
+use crate::file::SpillFile;
+use crate::message::{FrameError, MessageSource, RawMessage};
+
+/// The most decompressed bytes one message of a file *not* written by this
+/// process may declare. arrow allocates the declared size of each
+/// compressed buffer up front, and zstd reaches ratios above 30 000:1, so
+/// without a cap a few kilobytes of garbage could demand gigabytes. Spill
+/// batches are a few thousand rows; 256 MiB per message is far above any
+/// of them. Our own files are not capped: we wrote the sizes.
+pub const UNTRUSTED_DECODED_BYTES_MAX: u64 = 256 << 20;
+
+/// Prefix of every compressed IPC buffer: its decompressed length as i64 LE,
+/// or -1 if the buffer was stored uncompressed.
+const COMPRESSED_LENGTH_PREFIX_BYTES: usize = 8;
+
+/// Whether the file was written by this process.
+pub(crate) enum Trust {
+    /// Written by our [`crate::SpillWriter`] into our private directory and
+    /// read-only since: arrays are not validated again. Holds the file so it
+    /// is not deleted while being read.
+    WrittenByUs(SpillFile),
+    /// Any other path: every array is fully validated.
+    Foreign,
+}
+
+/// Streams the record batches of a spill file in the order they were written.
+///
+/// Yields `Ok(batch)` for each batch (zero-row batches included), then `None`
+/// once the end-of-stream marker has been read. After an `Err` it yields
+/// `None` forever. Every error is typed and names the file; no input makes it
+/// panic, loop or allocate far beyond the file's size.
+pub struct SpillReader {
+    path: PathBuf,
+    /// The schema the batches carry: the expected one if given.
+    schema: SchemaRef,
+    /// The schema as written in the file. Equal to `schema`, but only this
+    /// one carries the dictionary ids the file's dictionary messages use.
+    file_schema: SchemaRef,
+    source: MessageSource,
+    dictionaries: HashMap<i64, ArrayRef>,
+    /// Record batches returned so far: the `batch_index` of errors.
+    batches_read: u64,
+    trusted: bool,
+    skip_validation: UnsafeFlag,
+    finished: bool,
+    /// Keeps our own file from being deleted while it is read.
+    _file: Option<SpillFile>,
+}
+
+impl std::fmt::Debug for SpillReader {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SpillReader")
+            .field("path", &self.path)
+            .field("batches_read", &self.batches_read)
+            .field("trusted", &self.trusted)
+            .field("finished", &self.finished)
+            .finish()
+    }
+}
+
+/// Opens any file holding an Arrow IPC stream (a spill file or not) for
+/// reading, validating everything in it.
+///
+/// `expected_schema`, if given, must equal the schema in the file; the
+/// batches then carry that very `SchemaRef`. Unlike
+/// [`crate::SpillFile::reader`], this fully validates every decoded array,
+/// since nothing is known about who wrote the file.
+///
+/// ```
+/// # use std::sync::Arc;
+/// use arrow_array::{Int64Array, RecordBatch};
+/// use arrow_schema::{DataType, Field, Schema};
+/// use spilljoin_spill::{read_spill_file, SpillConfig, SpillManager, SpillReadMode};
+///
+/// let manager = SpillManager::new(SpillConfig::default())?;
+/// let schema = Arc::new(Schema::new(vec![Field::new("k", DataType::Int64, true)]));
+/// let batch = RecordBatch::try_new(schema.clone(), vec![Arc::new(Int64Array::from(vec![1, 2]))])?;
+/// let mut writer = manager.create_writer(schema.clone(), "example")?;
+/// writer.write(&batch)?;
+/// let file = writer.finish()?;
+///
+/// let batches = read_spill_file(file.path(), Some(schema), SpillReadMode::Mmap)?
+///     .collect::<Result<Vec<_>, _>>()?;
+/// assert_eq!(batches, vec![batch]);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+///
+/// # Errors
+///
+/// [`SpillError::Io`] if the file cannot be opened, read or mapped,
+/// [`SpillError::Corrupt`] if its schema message is missing or does not
+/// decode, [`SpillError::SchemaMismatch`] if it differs from
+/// `expected_schema`. Errors in later messages come from the iterator.
+pub fn read_spill_file(
+    path: &Path,
+    expected_schema: Option<SchemaRef>,
+    mode: SpillReadMode,
+) -> Result<SpillReader, SpillError> {
+    SpillReader::open(path, expected_schema, mode, Trust::Foreign)
+}
+
+impl SpillReader {
+    /// Opens the file and reads its schema message.
+    pub(crate) fn open(
+        path: &Path,
+        expected_schema: Option<SchemaRef>,
+        mode: SpillReadMode,
+        trust: Trust,
+    ) -> Result<Self, SpillError> {
+        let mut source = MessageSource::open(path, mode).map_err(|source| SpillError::Io {
+            path: path.to_owned(),
+            source,
+        })?;
+        let corrupt = |message: String| SpillError::Corrupt {
+            path: path.to_owned(),
+            batch_index: 0,
+            source: ArrowError::IpcError(message),
+        };
+        let message = match source.next_message() {
+            Ok(Some(message)) => message,
+            Ok(None) => return Err(corrupt("no schema message".to_owned())),
+            Err(e) => return Err(frame_error(path, 0, e)),
+        };
+        let found = decode_schema(&message).map_err(|source| SpillError::Corrupt {
+            path: path.to_owned(),
+            batch_index: 0,
+            source,
+        })?;
+        let file_schema = found.clone();
+        let schema = match expected_schema {
+            Some(expected) if *expected != *found => {
+                return Err(SpillError::SchemaMismatch {
+                    path: path.to_owned(),
+                    expected,
+                    found,
+                })
+            }
+            Some(expected) => expected,
+            None => found,
+        };
+        let (trusted, file) = match trust {
+            Trust::WrittenByUs(file) => (true, Some(file)),
+            Trust::Foreign => (false, None),
+        };
+        let mut skip_validation = UnsafeFlag::new();
+        if trusted {
+            // SAFETY: a trusted file was encoded by arrow's IPC writer from
+            // valid arrays, in this process, into a file in our 0o700
+            // directory that nothing writes after `finish`; decoding it yields
+            // the same valid arrays. (DataFusion skips validation of its own
+            // spill files the same way.) Framing and buffer bounds are still
+            // checked, so even a damaged file cannot make arrow slice past a
+            // body.
+            unsafe { skip_validation.set(true) };
+        }
+        Ok(Self {
+            path: path.to_owned(),
+            schema,
+            file_schema,
+            source,
+            dictionaries: HashMap::new(),
+            batches_read: 0,
+            trusted,
+            skip_validation,
+            finished: false,
+            _file: file,
+        })
+    }
+
+    /// The schema of every batch this reader yields.
+    pub fn schema(&self) -> SchemaRef {
+        self.schema.clone()
+    }
+
+    /// Decodes messages until the next record batch or the end of the stream.
+    fn read_next(&mut self) -> Result<Option<RecordBatch>, SpillError> {
+        loop {
+            let message = match self.source.next_message() {
+                Ok(Some(message)) => message,
+                Ok(None) => return Ok(None),
+                Err(e) => return Err(frame_error(&self.path, self.batches_read, e)),
+            };
+            let decoded = self.decode(&message).map_err(|source| SpillError::Corrupt {
+                path: self.path.clone(),
+                batch_index: self.batches_read,
+                source,
+            })?;
+            if let Some(batch) = decoded {
+                return Ok(Some(batch));
+            }
+        }
+    }
+
+    /// Decodes one message: a record batch, or `None` after storing a
+    /// dictionary.
+    fn decode(&mut self, raw: &RawMessage) -> Result<Option<RecordBatch>, ArrowError> {
+        let message = raw.metadata.as_ref();
+        let version = message.version();
+        let body = &raw.body;
+        match message.header_type() {
+            MessageHeader::RecordBatch => {
+                let batch = message
+                    .header_as_record_batch()
+                    .ok_or_else(|| ipc_error("record batch message without a header"))?;
+                check_body(batch, body, self.trusted)?;
+                let decoder = RecordBatchDecoder::try_new(
+                    body,
+                    batch,
+                    self.file_schema.clone(),
+                    &self.dictionaries,
+                    &version,
+                )?
+                .with_require_alignment(false)
+                .with_skip_validation(self.skip_validation.clone());
+                let batch = without_panics("record batch", || decoder.read_record_batch())?;
+                if std::sync::Arc::ptr_eq(&self.schema, &self.file_schema) {
+                    Ok(Some(batch))
+                } else {
+                    // Equal schemas (checked at open): only the `Arc` changes.
+                    batch.with_schema(self.schema.clone()).map(Some)
+                }
+            }
+            MessageHeader::DictionaryBatch => {
+                let dictionary = message
+                    .header_as_dictionary_batch()
+                    .ok_or_else(|| ipc_error("dictionary message without a header"))?;
+                let data = dictionary
+                    .data()
+                    .ok_or_else(|| ipc_error("dictionary message without data"))?;
+                check_body(data, body, self.trusted)?;
+                let (schema, dictionaries) = (&*self.file_schema, &mut self.dictionaries);
+                let skip_validation = self.skip_validation.clone();
+                without_panics("dictionary batch", || {
+                    read_dictionary_impl(
+                        body,
+                        dictionary,
+                        schema,
+                        dictionaries,
+                        &version,
+                        false,
+                        skip_validation,
+                    )
+                })?;
+                Ok(None)
+            }
+            other => Err(ipc_error(&format!(
+                "unexpected {other:?} message after the schema"
+            ))),
+        }
+    }
+}
+
+impl Iterator for SpillReader {
+    type Item = Result<RecordBatch, SpillError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.finished {
+            return None;
+        }
+        match self.read_next() {
+            Ok(Some(batch)) => {
+                self.batches_read += 1;
+                Some(Ok(batch))
+            }
+            Ok(None) => {
+                self.finished = true;
+                None
+            }
+            Err(e) => {
+                self.finished = true;
+                Some(Err(e))
+            }
+        }
+    }
+}
+
+impl std::iter::FusedIterator for SpillReader {}
+
+/// Decodes the schema message that opens every stream.
+fn decode_schema(raw: &RawMessage) -> Result<SchemaRef, ArrowError> {
+    let message = raw.metadata.as_ref();
+    if message.header_type() != MessageHeader::Schema {
+        return Err(ipc_error(&format!(
+            "expected a schema message first, found {:?}",
+            message.header_type()
+        )));
+    }
+    let schema = message
+        .header_as_schema()
+        .ok_or_else(|| ipc_error("schema message without a header"))?;
+    let schema = without_panics("schema", || Ok(arrow_ipc::convert::fb_to_schema(schema)))?;
+    Ok(std::sync::Arc::new(schema))
+}
+
+/// Checks that every buffer of `batch` lies inside `body` and, for foreign
+/// files, that the decompressed sizes it declares stay under
+/// [`UNTRUSTED_DECODED_BYTES_MAX`].
+fn check_body(
+    batch: arrow_ipc::RecordBatch<'_>,
+    body: &Buffer,
+    trusted: bool,
+) -> Result<(), ArrowError> {
+    let Some(buffers) = batch.buffers() else {
+        return Ok(()); // arrow reports the missing buffers itself
+    };
+    let compressed = batch.compression().is_some();
+    let mut decoded_bytes: u64 = 0;
+    for (i, buffer) in buffers.iter().enumerate() {
+        let (offset, length) = (buffer.offset(), buffer.length());
+        let range = usize::try_from(offset)
+            .ok()
+            .zip(usize::try_from(length).ok())
+            .and_then(|(offset, length)| Some(offset..offset.checked_add(length)?))
+            .filter(|range| range.end <= body.len())
+            .ok_or_else(|| {
+                ipc_error(&format!(
+                    "buffer {i} (offset {offset}, length {length}) lies outside \
+                     the message body of {} bytes",
+                    body.len()
+                ))
+            })?;
+        if compressed && !trusted && range.len() >= COMPRESSED_LENGTH_PREFIX_BYTES {
+            let mut prefix = [0; COMPRESSED_LENGTH_PREFIX_BYTES];
+            prefix.copy_from_slice(&body[range.start..range.start + COMPRESSED_LENGTH_PREFIX_BYTES]);
+            // -1 means "stored uncompressed": its size is the range itself.
+            let declared = u64::try_from(i64::from_le_bytes(prefix)).unwrap_or(0);
+            decoded_bytes = decoded_bytes.saturating_add(declared);
+            if decoded_bytes > UNTRUSTED_DECODED_BYTES_MAX {
+                return Err(ipc_error(&format!(
+                    "compressed buffers declare more than {UNTRUSTED_DECODED_BYTES_MAX} \
+                     decompressed bytes in one message"
+                )));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Runs one call into arrow's decoder, turning a panic into an error.
+///
+/// arrow-ipc 59 panics (rather than erring) on several kinds of malformed
+/// metadata: `fb_to_schema` on unknown type ids, bit widths, units and union
+/// modes or missing list children; `RecordBatchDecoder` on buffer counts
+/// that do not match the type (`buffers[1..]`, `slice_with_length`) and on
+/// leftover variadic buffer counts (`assert!(variadic_counts.is_empty())`).
+/// See the module documentation for why catching is sound here.
+fn without_panics<T>(
+    what: &str,
+    decode: impl FnOnce() -> Result<T, ArrowError>,
+) -> Result<T, ArrowError> {
+    match catch_unwind(AssertUnwindSafe(decode)) {
+        Ok(result) => result,
+        Err(payload) => {
+            let detail = payload
+                .downcast_ref::<&str>()
+                .map(|s| (*s).to_owned())
+                .or_else(|| payload.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "unknown panic".to_owned());
+            Err(ipc_error(&format!(
+                "arrow's decoder panicked on this {what}: {detail}"
+            )))
+        }
+    }
+}
+
+fn ipc_error(message: &str) -> ArrowError {
+    ArrowError::IpcError(message.to_owned())
+}
+
+fn frame_error(path: &Path, batch_index: u64, error: FrameError) -> SpillError {
+    match error {
+        FrameError::Io(source) => SpillError::Io {
+            path: path.to_owned(),
+            source,
+        },
+        FrameError::Corrupt(message) => SpillError::Corrupt {
+            path: path.to_owned(),
+            batch_index,
+            source: ArrowError::IpcError(message),
+        },
+    }
+}

@@ -1,0 +1,517 @@
+//! The public entry point: define a join with [`HashJoinBuilder`], run it with
+//! [`HashJoin::execute`], read its output from the [`JoinStream`].
+//!
+//! Execution runs on its own threads; the stream hands their output batches over a
+//! bounded channel, so a slow consumer slows the join rather than growing a queue.
+//! Dropping the stream stops the join, waits for its threads, and releases every
+//! reservation.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use arrow_array::RecordBatch;
+use arrow_schema::{ArrowError, SchemaRef};
+use crossbeam::channel::{bounded, Receiver, Sender};
+use spilljoin_memory::{MemoryConsumer, MemoryPool, UnboundedMemoryPool};
+use spilljoin_spill::SpillManager;
+
+use crate::build::{batch_bytes, build_side, run_workers};
+use crate::error::{JoinError, Result, Side};
+use crate::filter::{JoinFilter, ResolvedFilter};
+use crate::join_type::JoinType;
+use crate::keys::{KeySpec, NullEquality};
+use crate::output::{OutputLayout, OutputSink};
+use crate::partition::{HashBits, MAX_PARTITION_BITS};
+use crate::plan::JoinPlan;
+use crate::probe::{emit_build_rows, ProbeState, Prober};
+
+/// The default output batch size in rows.
+pub const DEFAULT_BATCH_SIZE_ROWS: usize = 8192;
+
+/// The default radix bits of the first partitioning level (16 partitions): enough
+/// partitions for every thread to build tables in parallel, few enough that the
+/// per-partition fragments of a batch stay hundreds of rows long.
+pub const DEFAULT_PARTITION_BITS: u32 = 4;
+
+/// Defines a join. Every setting has a default except the inputs' schemas and keys.
+///
+/// # Example
+/// ```
+/// use std::sync::Arc;
+/// use arrow_array::{Int64Array, RecordBatch, StringArray};
+/// use arrow_schema::{DataType, Field, Schema};
+/// use spilljoin::{HashJoinBuilder, JoinType};
+///
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let orders = Arc::new(Schema::new(vec![
+///     Field::new("o_id", DataType::Int64, false),
+///     Field::new("o_cust", DataType::Int64, false),
+/// ]));
+/// let customers = Arc::new(Schema::new(vec![
+///     Field::new("c_id", DataType::Int64, false),
+///     Field::new("c_name", DataType::Utf8, false),
+/// ]));
+/// let left = RecordBatch::try_new(orders.clone(), vec![
+///     Arc::new(Int64Array::from(vec![1, 2, 3])),
+///     Arc::new(Int64Array::from(vec![10, 20, 10])),
+/// ])?;
+/// let right = RecordBatch::try_new(customers.clone(), vec![
+///     Arc::new(Int64Array::from(vec![10, 30])),
+///     Arc::new(StringArray::from(vec!["ann", "bob"])),
+/// ])?;
+/// let join = HashJoinBuilder::new(orders, customers, [("o_cust", "c_id")])
+///     .with_join_type(JoinType::Inner)
+///     .build()?;
+/// let output = join.execute(vec![Ok(left)], vec![Ok(right)])?;
+/// let rows: usize = output.map(|b| b.map(|b| b.num_rows())).sum::<Result<_, _>>()?;
+/// assert_eq!(rows, 2);
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Debug, Clone)]
+pub struct HashJoinBuilder {
+    left: SchemaRef,
+    right: SchemaRef,
+    on: Vec<(String, String)>,
+    join_type: JoinType,
+    filter: Option<JoinFilter>,
+    null_equality: NullEquality,
+    pool: Option<Arc<dyn MemoryPool>>,
+    spill: Option<SpillManager>,
+    batch_size_rows: usize,
+    threads: usize,
+    projection: Option<Vec<usize>>,
+    partition_bits: u32,
+}
+
+impl HashJoinBuilder {
+    /// A join of `left` and `right` on pairs of (left column, right column) names.
+    /// Defaults: inner, no filter, nulls equal nothing, an unbounded pool, batches of
+    /// [`DEFAULT_BATCH_SIZE_ROWS`], as many threads as cores, all output columns.
+    pub fn new<L: Into<String>, R: Into<String>>(
+        left: SchemaRef,
+        right: SchemaRef,
+        on: impl IntoIterator<Item = (L, R)>,
+    ) -> Self {
+        Self {
+            left,
+            right,
+            on: on.into_iter().map(|(l, r)| (l.into(), r.into())).collect(),
+            join_type: JoinType::Inner,
+            filter: None,
+            null_equality: NullEquality::default(),
+            pool: None,
+            spill: None,
+            batch_size_rows: DEFAULT_BATCH_SIZE_ROWS,
+            threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
+            projection: None,
+            partition_bits: DEFAULT_PARTITION_BITS,
+        }
+    }
+
+    /// The join type.
+    pub fn with_join_type(mut self, join_type: JoinType) -> Self {
+        self.join_type = join_type;
+        self
+    }
+
+    /// A residual filter, applied to candidate pairs after the key lookup.
+    pub fn with_filter(mut self, filter: JoinFilter) -> Self {
+        self.filter = Some(filter);
+        self
+    }
+
+    /// How null keys compare.
+    pub fn with_null_equality(mut self, null_equality: NullEquality) -> Self {
+        self.null_equality = null_equality;
+        self
+    }
+
+    /// The memory pool every buffer of the join is reserved from.
+    pub fn with_memory_pool(mut self, pool: Arc<dyn MemoryPool>) -> Self {
+        self.pool = Some(pool);
+        self
+    }
+
+    /// Where the join may spill. (Builds that do not fit fail with
+    /// [`JoinError::ResourcesExhausted`] until the spilling join lands.)
+    pub fn with_spill_manager(mut self, spill: SpillManager) -> Self {
+        self.spill = Some(spill);
+        self
+    }
+
+    /// The most rows an output batch holds (at least 1).
+    pub fn with_batch_size(mut self, rows: usize) -> Self {
+        self.batch_size_rows = rows.max(1);
+        self
+    }
+
+    /// Worker threads for the build and the probe (at least 1). The output multiset
+    /// does not depend on it.
+    pub fn with_threads(mut self, threads: usize) -> Self {
+        self.threads = threads.max(1);
+        self
+    }
+
+    /// Picks and orders output columns, by index into the full output (left columns,
+    /// right columns, mark, as the join type keeps them).
+    pub fn with_projection(mut self, columns: Vec<usize>) -> Self {
+        self.projection = Some(columns);
+        self
+    }
+
+    /// Radix bits of the build partitioning (0 to 8); the output does not depend on it.
+    pub fn with_partition_bits(mut self, bits: u32) -> Self {
+        self.partition_bits = bits;
+        self
+    }
+
+    /// Validates the definition.
+    ///
+    /// # Errors
+    /// [`JoinError::NoSuchColumn`], [`JoinError::KeyTypeMismatch`],
+    /// [`JoinError::UnsupportedKeyType`], or [`JoinError::InvalidJoin`] (no keys, a
+    /// `NOT IN` with more than one key or with nulls-equal-nulls, a filter column out of
+    /// range, too many partition bits).
+    pub fn build(self) -> Result<HashJoin> {
+        // The build side is the right input; the planner may choose otherwise later.
+        let build = Side::Right;
+        if self.join_type.is_null_aware() {
+            if self.on.len() != 1 {
+                return Err(JoinError::InvalidJoin(format!(
+                    "{} takes exactly one key, not {}",
+                    self.join_type,
+                    self.on.len()
+                )));
+            }
+            if self.null_equality == NullEquality::NullEqualsNull {
+                return Err(JoinError::InvalidJoin(format!(
+                    "{} is null-aware by definition; nulls-equal-nulls does not apply",
+                    self.join_type
+                )));
+            }
+            if self.filter.is_some() {
+                return Err(JoinError::InvalidJoin(format!(
+                    "{} does not take a residual filter",
+                    self.join_type
+                )));
+            }
+        }
+        if self.partition_bits > MAX_PARTITION_BITS {
+            return Err(JoinError::InvalidJoin(format!(
+                "{} partition bits is more than the {MAX_PARTITION_BITS} allowed",
+                self.partition_bits
+            )));
+        }
+        let keys = KeySpec::resolve(build, &self.left, &self.right, &self.on, self.null_equality)?;
+        let filter = self
+            .filter
+            .map(|f| ResolvedFilter::new(f, build, &self.left, &self.right))
+            .transpose()?;
+        let output = OutputLayout::new(
+            self.join_type,
+            build,
+            &self.left,
+            &self.right,
+            self.projection.as_deref(),
+        )?;
+        let (build_schema, probe_schema) = match build {
+            Side::Right => (self.right, self.left),
+            Side::Left => (self.left, self.right),
+        };
+        Ok(HashJoin {
+            plan: Arc::new(JoinPlan {
+                join_type: self.join_type,
+                resolved: self.join_type.resolve(build),
+                build_side: build,
+                keys,
+                filter,
+                output,
+                build_schema,
+                probe_schema,
+                pool: self
+                    .pool
+                    .unwrap_or_else(|| Arc::new(UnboundedMemoryPool::new())),
+                spill: self.spill,
+                batch_size: self.batch_size_rows,
+                threads: self.threads,
+                bits: HashBits::new(self.partition_bits),
+            }),
+        })
+    }
+}
+
+/// A validated join, ready to execute any number of times.
+#[derive(Debug, Clone)]
+pub struct HashJoin {
+    plan: Arc<JoinPlan>,
+}
+
+/// Figures of one execution.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct JoinMetrics {
+    /// Build input rows.
+    pub build_rows: u64,
+    /// Probe input rows.
+    pub probe_rows: u64,
+    /// Output rows.
+    pub output_rows: u64,
+    /// Time spent reading the build input and building tables.
+    pub build_time: Duration,
+    /// Time spent probing.
+    pub probe_time: Duration,
+    /// The most bytes the join had reserved at once (its own reservations).
+    pub peak_reserved_bytes: u64,
+}
+
+#[derive(Debug, Default)]
+struct SharedMetrics {
+    build_rows: AtomicU64,
+    probe_rows: AtomicU64,
+    output_rows: AtomicU64,
+    build_nanos: AtomicU64,
+    probe_nanos: AtomicU64,
+    peak_reserved_bytes: AtomicU64,
+}
+
+impl HashJoin {
+    /// The schema of the output batches.
+    pub fn schema(&self) -> SchemaRef {
+        Arc::clone(&self.plan.output.schema)
+    }
+
+    /// The join type.
+    pub fn join_type(&self) -> JoinType {
+        self.plan.join_type
+    }
+
+    /// Which input builds.
+    pub fn build_side(&self) -> Side {
+        self.plan.build_side
+    }
+
+    /// The spill manager given to the builder, if any.
+    pub fn spill_manager(&self) -> Option<&SpillManager> {
+        self.plan.spill.as_ref()
+    }
+
+    /// Starts the join over `left` and `right` (any iterators of batches, such as
+    /// arrow's `RecordBatchReader`s) and returns its output stream. The build input
+    /// is read whole first; the probe input is streamed.
+    ///
+    /// # Errors
+    /// [`JoinError::Io`] if the join's thread cannot be started. Everything else,
+    /// including reading the inputs, is reported through the stream.
+    pub fn execute<L, R>(&self, left: L, right: R) -> Result<JoinStream>
+    where
+        L: IntoIterator<Item = Result<RecordBatch, ArrowError>>,
+        L::IntoIter: Send + 'static,
+        R: IntoIterator<Item = Result<RecordBatch, ArrowError>>,
+        R::IntoIter: Send + 'static,
+    {
+        let plan = Arc::clone(&self.plan);
+        let (left, right) = (left.into_iter(), right.into_iter());
+        let (sender, receiver) = bounded(plan.threads * 2);
+        let cancel = Arc::new(AtomicBool::new(false));
+        let metrics = Arc::new(SharedMetrics::default());
+        let handle = {
+            let (cancel, metrics) = (Arc::clone(&cancel), Arc::clone(&metrics));
+            std::thread::Builder::new()
+                .name("spilljoin".into())
+                .spawn(move || {
+                    let result = match plan.build_side {
+                        Side::Right => run(&plan, right, left, &sender, &cancel, &metrics),
+                        Side::Left => run(&plan, left, right, &sender, &cancel, &metrics),
+                    };
+                    match result {
+                        Ok(()) | Err(JoinError::Cancelled) => {}
+                        Err(e) => {
+                            let _ = sender.send(Err(e));
+                        }
+                    }
+                })
+                .map_err(|source| JoinError::Io {
+                    path: "<thread>".into(),
+                    source,
+                })?
+        };
+        Ok(JoinStream {
+            schema: self.schema(),
+            receiver: Some(receiver),
+            cancel,
+            handle: Some(handle),
+            metrics,
+            failed: false,
+        })
+    }
+}
+
+/// Runs a whole join on the calling thread and its workers.
+fn run<B, P>(
+    plan: &JoinPlan,
+    build_input: B,
+    probe_input: P,
+    sender: &Sender<Result<RecordBatch>>,
+    cancel: &AtomicBool,
+    metrics: &SharedMetrics,
+) -> Result<()>
+where
+    B: Iterator<Item = Result<RecordBatch, ArrowError>> + Send,
+    P: Iterator<Item = Result<RecordBatch, ArrowError>> + Send,
+{
+    let start = Instant::now();
+    let built = build_side(plan, build_input, cancel)?;
+    metrics.build_rows.store(built.num_rows, Ordering::Relaxed);
+    metrics
+        .peak_reserved_bytes
+        .fetch_max(plan.pool.reserved() as u64, Ordering::Relaxed);
+    metrics
+        .build_nanos
+        .store(start.elapsed().as_nanos() as u64, Ordering::Relaxed);
+
+    let start = Instant::now();
+    let probe_consumer = MemoryConsumer::new("spilljoin probe").register(&plan.pool);
+    let state = ProbeState::new(plan, &built, probe_consumer.new_empty())?;
+    let probe_input = Mutex::new(probe_input);
+    run_workers(plan.threads, cancel, || {
+        let mut reservation = probe_consumer.new_empty();
+        reservation.try_grow(Prober::bytes_for(plan.batch_size, plan.batch_size))?;
+        let mut prober = Prober::new(plan, &built, &state);
+        let mut sink = OutputSink::new(plan.output.schema.clone(), plan.batch_size, sender.clone());
+        loop {
+            if cancel.load(Ordering::Relaxed) {
+                return Err(JoinError::Cancelled);
+            }
+            let next = probe_input
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .next();
+            let batch = match next {
+                None => break,
+                Some(Err(source)) => {
+                    return Err(JoinError::Input {
+                        side: plan.probe_side(),
+                        source,
+                    })
+                }
+                Some(Ok(batch)) => batch,
+            };
+            plan.check_batch(&batch, false)?;
+            metrics
+                .probe_rows
+                .fetch_add(batch.num_rows() as u64, Ordering::Relaxed);
+            let bytes = batch_bytes(&batch);
+            reservation.try_grow(bytes)?;
+            prober.probe(&batch, &mut sink)?;
+            reservation.shrink(bytes);
+            metrics
+                .peak_reserved_bytes
+                .fetch_max(plan.pool.reserved() as u64, Ordering::Relaxed);
+        }
+        sink.finish()?;
+        metrics.output_rows.fetch_add(sink.rows(), Ordering::Relaxed);
+        Ok(())
+    })?;
+
+    if plan.resolved.emits_build_rows_at_end() {
+        let next = std::sync::atomic::AtomicUsize::new(0);
+        run_workers(plan.threads, cancel, || {
+            let mut sink = OutputSink::new(plan.output.schema.clone(), plan.batch_size, sender.clone());
+            loop {
+                let p = next.fetch_add(1, Ordering::Relaxed);
+                if p >= built.partitions.len() {
+                    break;
+                }
+                if cancel.load(Ordering::Relaxed) {
+                    return Err(JoinError::Cancelled);
+                }
+                emit_build_rows(plan, &built, &state, p, &mut sink)?;
+            }
+            sink.finish()?;
+            metrics.output_rows.fetch_add(sink.rows(), Ordering::Relaxed);
+            Ok(())
+        })?;
+    }
+    metrics
+        .probe_nanos
+        .store(start.elapsed().as_nanos() as u64, Ordering::Relaxed);
+    Ok(())
+}
+
+/// The output of an executing join: an iterator of batches of at most the configured
+/// batch size. After an error it ends.
+///
+/// Dropping it before the end cancels the join and waits for its threads; every
+/// reservation of the join is released when the drop returns.
+#[derive(Debug)]
+pub struct JoinStream {
+    schema: SchemaRef,
+    receiver: Option<Receiver<Result<RecordBatch>>>,
+    cancel: Arc<AtomicBool>,
+    handle: Option<JoinHandle<()>>,
+    metrics: Arc<SharedMetrics>,
+    failed: bool,
+}
+
+impl JoinStream {
+    /// The schema of the output batches.
+    pub fn schema(&self) -> SchemaRef {
+        Arc::clone(&self.schema)
+    }
+
+    /// The figures so far (final once the stream has ended).
+    pub fn metrics(&self) -> JoinMetrics {
+        let m = &self.metrics;
+        JoinMetrics {
+            build_rows: m.build_rows.load(Ordering::Relaxed),
+            probe_rows: m.probe_rows.load(Ordering::Relaxed),
+            output_rows: m.output_rows.load(Ordering::Relaxed),
+            build_time: Duration::from_nanos(m.build_nanos.load(Ordering::Relaxed)),
+            probe_time: Duration::from_nanos(m.probe_nanos.load(Ordering::Relaxed)),
+            peak_reserved_bytes: m.peak_reserved_bytes.load(Ordering::Relaxed),
+        }
+    }
+
+    fn stop(&mut self) {
+        self.cancel.store(true, Ordering::Relaxed);
+        // Dropping the receiver unblocks workers waiting to send.
+        self.receiver = None;
+        if let Some(handle) = self.handle.take() {
+            // The thread catches nothing of ours; a panic there was already turned into
+            // an error where it could be, so there is nothing left to report.
+            let _ = handle.join();
+        }
+    }
+}
+
+impl Iterator for JoinStream {
+    type Item = Result<RecordBatch>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.failed {
+            return None;
+        }
+        let received = self.receiver.as_ref()?.recv();
+        match received {
+            Ok(Ok(batch)) => Some(Ok(batch)),
+            Ok(Err(e)) => {
+                self.failed = true;
+                self.stop();
+                Some(Err(e))
+            }
+            Err(_) => {
+                // Every sender is gone: the join finished.
+                self.stop();
+                None
+            }
+        }
+    }
+}
+
+impl Drop for JoinStream {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}

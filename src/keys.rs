@@ -1,0 +1,370 @@
+//! Join keys: which columns, which types, and how rows are compared.
+//!
+//! Keys are *normalized* before they are hashed or compared, on both sides alike:
+//! dictionary-encoded columns are decoded to their value type (so a dictionary of
+//! strings joins with plain strings), `-0.0` becomes `+0.0` and every NaN the same NaN
+//! (so `-0.0 = +0.0` and `NaN = NaN`, as in DataFusion). Otherwise the two sides of a
+//! key pair must have the same type; timestamps must agree on unit and zone.
+//!
+//! Candidate pairs found through the hash table are checked for key equality before
+//! they count. Two representations make that check cheap:
+//! - [`KeyRepr::Words`]: one key column of a fixed-width type of at most 8 bytes
+//!   (integers, floats, dates, times, timestamps, booleans) — each row's key is one
+//!   `u64`, compared directly;
+//! - [`KeyRepr::Rows`]: anything else (several columns, strings, binaries, decimals) —
+//!   each row's key is encoded with `arrow-row` and compared as bytes.
+
+use std::sync::Arc;
+
+use arrow_array::cast::AsArray;
+use arrow_array::types::*;
+use arrow_array::{Array, ArrayRef, ArrowPrimitiveType, PrimitiveArray, RecordBatch};
+use arrow_buffer::{NullBuffer, ToByteSlice};
+use arrow_row::{RowConverter, Rows, SortField};
+use arrow_schema::{DataType, Schema};
+
+use crate::error::{JoinError, Result, Side};
+
+/// How null keys compare.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum NullEquality {
+    /// SQL: a null key equals nothing, not even another null (the default).
+    #[default]
+    NullEqualsNothing,
+    /// A null key equals a null key (`IS NOT DISTINCT FROM`).
+    NullEqualsNull,
+}
+
+/// The resolved key columns of a join, in build/probe terms.
+#[derive(Debug)]
+pub(crate) struct KeySpec {
+    /// Key column indices in the build input.
+    pub build_columns: Vec<usize>,
+    /// Key column indices in the probe input, pairwise with `build_columns`.
+    pub probe_columns: Vec<usize>,
+    /// The normalized type of each key pair.
+    pub types: Vec<DataType>,
+    /// How nulls compare.
+    pub null_equality: NullEquality,
+    /// The row encoder for [`KeyRepr::Rows`]; `None` when keys are words.
+    converter: Option<Arc<RowConverter>>,
+}
+
+/// One batch's keys: normalized columns, per-row hash inputs and the representation
+/// used for equality checks.
+#[derive(Debug)]
+pub(crate) struct Keys {
+    /// Normalized key columns.
+    pub columns: Vec<ArrayRef>,
+    /// Rows whose key has a null in any column; `None` when there are none.
+    pub nulls: Option<NullBuffer>,
+    /// The equality representation.
+    pub repr: KeyRepr,
+}
+
+/// Key values in the form the equality check reads.
+#[derive(Debug)]
+pub(crate) enum KeyRepr {
+    /// One fixed-width key column; `valid` is the column's validity.
+    Words {
+        /// Each row's key bits.
+        words: Vec<u64>,
+        /// Which rows are not null; `None` when all are valid.
+        valid: Option<NullBuffer>,
+    },
+    /// `arrow-row` encoded keys.
+    Rows(Rows),
+}
+
+impl KeyRepr {
+    /// Bytes held by this representation.
+    pub fn size(&self) -> usize {
+        match self {
+            KeyRepr::Words { words, valid } => {
+                words.capacity() * 8 + valid.as_ref().map_or(0, |v| v.buffer().capacity())
+            }
+            KeyRepr::Rows(rows) => rows.size(),
+        }
+    }
+
+    /// The bytes a representation of `num_rows` rows of `columns` will hold, as
+    /// estimated before it is made (used to reserve memory first).
+    pub fn estimate_size(columns: &[ArrayRef], num_rows: usize) -> usize {
+        if is_word_key(columns.iter().map(|c| c.data_type())) {
+            num_rows * 8 + num_rows.div_ceil(8)
+        } else {
+            // arrow-row adds a sentinel byte per column and per value; strings are
+            // encoded in 32-byte blocks with a continuation byte each.
+            columns
+                .iter()
+                .map(|c| c.get_array_memory_size() * 3 / 2 + num_rows * 4)
+                .sum::<usize>()
+                + (num_rows + 1) * 8
+        }
+    }
+}
+
+impl KeySpec {
+    /// Resolves `on` (pairs of left and right column names) against the two schemas.
+    ///
+    /// # Errors
+    /// [`JoinError::NoSuchColumn`], [`JoinError::UnsupportedKeyType`],
+    /// [`JoinError::KeyTypeMismatch`], or [`JoinError::InvalidJoin`] when `on` is empty.
+    pub fn resolve(
+        build: Side,
+        left: &Schema,
+        right: &Schema,
+        on: &[(String, String)],
+        null_equality: NullEquality,
+    ) -> Result<Self> {
+        if on.is_empty() {
+            return Err(JoinError::InvalidJoin("a join needs at least one key pair".into()));
+        }
+        let (mut left_columns, mut right_columns, mut types) = (vec![], vec![], vec![]);
+        for (left_name, right_name) in on {
+            let l = column_index(left, Side::Left, left_name)?;
+            let r = column_index(right, Side::Right, right_name)?;
+            let left_type = normalized_type(Side::Left, left_name, left.field(l).data_type())?;
+            let right_type = normalized_type(Side::Right, right_name, right.field(r).data_type())?;
+            if left_type != right_type {
+                return Err(JoinError::KeyTypeMismatch {
+                    left_column: left_name.clone(),
+                    left_type: left.field(l).data_type().clone(),
+                    right_column: right_name.clone(),
+                    right_type: right.field(r).data_type().clone(),
+                });
+            }
+            left_columns.push(l);
+            right_columns.push(r);
+            types.push(left_type);
+        }
+        let converter = if is_word_key(types.iter()) {
+            None
+        } else {
+            let fields = types.iter().map(|t| SortField::new(t.clone())).collect();
+            Some(Arc::new(RowConverter::new(fields)?))
+        };
+        let (build_columns, probe_columns) = match build {
+            Side::Right => (right_columns, left_columns),
+            Side::Left => (left_columns, right_columns),
+        };
+        Ok(Self {
+            build_columns,
+            probe_columns,
+            types,
+            null_equality,
+            converter,
+        })
+    }
+
+    /// Evaluates the keys of a build or probe batch.
+    ///
+    /// # Errors
+    /// Arrow errors from decoding dictionaries or encoding rows.
+    pub fn evaluate(&self, batch: &RecordBatch, build_side: bool) -> Result<Keys> {
+        let indices = if build_side {
+            &self.build_columns
+        } else {
+            &self.probe_columns
+        };
+        let columns = indices
+            .iter()
+            .map(|&i| normalize(batch.column(i)))
+            .collect::<Result<Vec<_>>>()?;
+        self.keys_of(columns)
+    }
+
+    /// Builds [`Keys`] from normalized columns.
+    pub fn keys_of(&self, columns: Vec<ArrayRef>) -> Result<Keys> {
+        let nulls = columns
+            .iter()
+            .fold(None, |acc: Option<NullBuffer>, c| {
+                NullBuffer::union(acc.as_ref(), c.logical_nulls().as_ref())
+            })
+            .filter(|n| n.null_count() > 0);
+        let repr = match &self.converter {
+            None => KeyRepr::Words {
+                words: words_of(columns[0].as_ref()),
+                valid: nulls.clone(),
+            },
+            Some(converter) => KeyRepr::Rows(converter.convert_columns(&columns)?),
+        };
+        Ok(Keys {
+            columns,
+            nulls,
+            repr,
+        })
+    }
+}
+
+impl Keys {
+    /// Whether row `i` has a null in some key column.
+    #[inline]
+    pub fn is_null(&self, i: usize) -> bool {
+        self.nulls.as_ref().is_some_and(|n| n.is_null(i))
+    }
+}
+
+fn column_index(schema: &Schema, side: Side, name: &str) -> Result<usize> {
+    schema.index_of(name).map_err(|_| JoinError::NoSuchColumn {
+        side,
+        name: name.to_string(),
+        available: schema
+            .fields()
+            .iter()
+            .map(|f| f.name().as_str())
+            .collect::<Vec<_>>()
+            .join(", "),
+    })
+}
+
+/// The type a key column has after normalization, or an error if it cannot be a key.
+fn normalized_type(side: Side, column: &str, data_type: &DataType) -> Result<DataType> {
+    use DataType::*;
+    let unsupported = || JoinError::UnsupportedKeyType {
+        side,
+        column: column.to_string(),
+        data_type: data_type.clone(),
+    };
+    match data_type {
+        Dictionary(_, values) => match normalized_type(side, column, values)? {
+            Dictionary(..) => Err(unsupported()),
+            t => Ok(t),
+        },
+        Int8 | Int16 | Int32 | Int64 | UInt8 | UInt16 | UInt32 | UInt64 | Float32 | Float64
+        | Decimal32(..) | Decimal64(..) | Decimal128(..) | Decimal256(..) | Date32 | Date64
+        | Time32(_) | Time64(_) | Timestamp(..) | Duration(_) | Boolean | Utf8 | LargeUtf8
+        | Utf8View | Binary | LargeBinary | BinaryView | FixedSizeBinary(_) => {
+            Ok(data_type.clone())
+        }
+        _ => Err(unsupported()),
+    }
+}
+
+/// Whether keys of these (normalized) types are one fixed-width word.
+fn is_word_key<'a>(mut types: impl ExactSizeIterator<Item = &'a DataType>) -> bool {
+    types.len() == 1
+        && types.next().is_some_and(|t| {
+            t == &DataType::Boolean || t.primitive_width().is_some_and(|w| w <= 8)
+        })
+}
+
+/// Decodes dictionaries and canonicalizes floats.
+pub(crate) fn normalize(column: &ArrayRef) -> Result<ArrayRef> {
+    Ok(match column.data_type() {
+        DataType::Dictionary(_, values) => {
+            normalize(&arrow_cast::cast(column.as_ref(), values.as_ref())?)?
+        }
+        DataType::Float32 => Arc::new(column.as_primitive::<Float32Type>().unary::<_, Float32Type>(
+            |v| {
+                if v.is_nan() {
+                    f32::NAN
+                } else if v == 0.0 {
+                    0.0
+                } else {
+                    v
+                }
+            },
+        )),
+        DataType::Float64 => Arc::new(column.as_primitive::<Float64Type>().unary::<_, Float64Type>(
+            |v| {
+                if v.is_nan() {
+                    f64::NAN
+                } else if v == 0.0 {
+                    0.0
+                } else {
+                    v
+                }
+            },
+        )),
+        _ => Arc::clone(column),
+    })
+}
+
+/// One `u64` per row of a fixed-width column (null slots hold whatever is there).
+fn words_of(column: &dyn Array) -> Vec<u64> {
+    fn words<T: ArrowPrimitiveType>(array: &PrimitiveArray<T>) -> Vec<u64> {
+        array
+            .values()
+            .iter()
+            .map(|v| {
+                let bytes = std::slice::from_ref(v).to_byte_slice();
+                let mut word = [0u8; 8];
+                word[..bytes.len()].copy_from_slice(bytes);
+                u64::from_le_bytes(word)
+            })
+            .collect()
+    }
+    if let Some(b) = column.as_boolean_opt() {
+        return b.values().iter().map(u64::from).collect();
+    }
+    let data = column.to_data();
+    let width = column.data_type().primitive_width().unwrap_or(8);
+    // Every fixed-width type of up to 8 bytes has the layout of the unsigned integer
+    // of its width; read it as that.
+    let as_type = match width {
+        1 => DataType::UInt8,
+        2 => DataType::UInt16,
+        4 => DataType::UInt32,
+        _ => DataType::UInt64,
+    };
+    let Ok(data) = data.into_builder().data_type(as_type.clone()).build() else {
+        return Vec::new();
+    };
+    match as_type {
+        DataType::UInt8 => words(&PrimitiveArray::<UInt8Type>::from(data)),
+        DataType::UInt16 => words(&PrimitiveArray::<UInt16Type>::from(data)),
+        DataType::UInt32 => words(&PrimitiveArray::<UInt32Type>::from(data)),
+        _ => words(&PrimitiveArray::<UInt64Type>::from(data)),
+    }
+}
+
+/// Checks whether probe key `p` equals build key `b`.
+pub(crate) trait KeyEq {
+    /// Whether the keys are equal (both rows' keys are known to be comparable:
+    /// under SQL null semantics, rows with null keys never get here).
+    fn key_eq(&self, p: usize, b: usize) -> bool;
+}
+
+/// Equality of [`KeyRepr::Words`] without nulls.
+pub(crate) struct WordEq<'a> {
+    pub probe: &'a [u64],
+    pub build: &'a [u64],
+}
+
+impl KeyEq for WordEq<'_> {
+    #[inline(always)]
+    fn key_eq(&self, p: usize, b: usize) -> bool {
+        self.probe[p] == self.build[b]
+    }
+}
+
+/// Equality of [`KeyRepr::Words`] where nulls equal nulls.
+pub(crate) struct NullableWordEq<'a> {
+    pub probe: &'a [u64],
+    pub build: &'a [u64],
+    pub probe_valid: Option<&'a NullBuffer>,
+    pub build_valid: Option<&'a NullBuffer>,
+}
+
+impl KeyEq for NullableWordEq<'_> {
+    #[inline(always)]
+    fn key_eq(&self, p: usize, b: usize) -> bool {
+        let pv = self.probe_valid.is_none_or(|v| v.is_valid(p));
+        let bv = self.build_valid.is_none_or(|v| v.is_valid(b));
+        pv == bv && (!pv || self.probe[p] == self.build[b])
+    }
+}
+
+/// Equality of [`KeyRepr::Rows`].
+pub(crate) struct RowsEq<'a> {
+    pub probe: &'a Rows,
+    pub build: &'a Rows,
+}
+
+impl KeyEq for RowsEq<'_> {
+    #[inline(always)]
+    fn key_eq(&self, p: usize, b: usize) -> bool {
+        self.probe.row(p) == self.build.row(b)
+    }
+}

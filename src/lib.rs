@@ -1,0 +1,48 @@
+//! spilljoin: an out-of-core equi-join engine for Apache Arrow.
+//!
+//! It joins two streams of [`RecordBatch`](arrow_array::RecordBatch)es on equal keys,
+//! inside a fixed memory budget, and is meant to be as fast as the best in-memory hash
+//! joins when the build side fits.
+//!
+//! ```text
+//!  build input ─► keys ─► xxh3 hash ─► radix partitions ─► per-partition hash tables
+//!                                                              │ (immutable)
+//!  probe input ─► keys ─► xxh3 hash ─► same partitions ─► lookup ─► residual filter
+//!                                                                      │
+//!                                      output batches ◄─ gather (take) ◄┘
+//!  end: unmatched / semi / anti / mark build rows from per-execution visited bits
+//! ```
+//!
+//! Every buffer that grows with the input is reserved from a
+//! [`MemoryPool`](spilljoin_memory::MemoryPool) first. Modules, one concept each:
+//! [`keys`] (key columns, types, equality), [`hash`] (xxh3 per column),
+//! [`partition`] (radix bits), [`table`] (chained hash table), `build`, `probe`,
+//! [`filter`] (residual predicates), `output` (layout and batching), [`join_type`].
+//!
+//! Start at [`HashJoinBuilder`].
+#![warn(missing_docs)]
+
+mod build;
+mod error;
+pub mod filter;
+pub mod hash;
+mod join;
+pub mod join_type;
+pub mod keys;
+mod output;
+pub mod partition;
+mod plan;
+mod probe;
+pub mod table;
+
+pub use error::{JoinError, Result, Side};
+pub use filter::{FilterPredicate, JoinFilter};
+pub use join::{
+    HashJoin, HashJoinBuilder, JoinMetrics, JoinStream, DEFAULT_BATCH_SIZE_ROWS,
+    DEFAULT_PARTITION_BITS,
+};
+pub use join_type::{BuildJoinType, JoinType};
+pub use keys::NullEquality;
+pub use output::MARK_COLUMN;
+pub use spilljoin_memory as memory;
+pub use spilljoin_spill as spill;

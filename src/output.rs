@@ -1,0 +1,199 @@
+//! Output: which columns a join produces, gathering them, and batching them.
+//!
+//! Output rows are gathered column by column with Arrow's `take` kernel from index
+//! arrays (a null index makes a null value, which is how outer joins pad the side that
+//! did not match), never row by row. Gathered pieces are coalesced into batches of
+//! exactly the configured size (the last one of a worker may be smaller) before they
+//! are handed to the caller.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+
+use arrow_array::{new_null_array, ArrayRef, BooleanArray, RecordBatch, RecordBatchOptions, UInt32Array};
+use arrow_schema::{DataType, Field, Schema, SchemaRef};
+use arrow_select::coalesce::BatchCoalescer;
+use arrow_select::take::take;
+use crossbeam::channel::Sender;
+
+use crate::error::{JoinError, Result, Side};
+use crate::join_type::JoinType;
+
+/// Where one output column comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Source {
+    /// A column of the build input.
+    Build(usize),
+    /// A column of the probe input.
+    Probe(usize),
+    /// The mark column of a mark join.
+    Mark,
+}
+
+/// The output columns of a join and where each comes from.
+#[derive(Debug, Clone)]
+pub(crate) struct OutputLayout {
+    pub schema: SchemaRef,
+    pub sources: Vec<Source>,
+}
+
+/// The name of the mark join's boolean column.
+pub const MARK_COLUMN: &str = "mark";
+
+impl OutputLayout {
+    /// The output of `join_type` over `left` and `right` with `build` as the build
+    /// side: left columns, then right columns (as the join type keeps them), then
+    /// `mark`. A name present on both sides is written `left.NAME` / `right.NAME`.
+    /// `projection` picks and orders columns of that full output.
+    pub fn new(
+        join_type: JoinType,
+        build: Side,
+        left: &Schema,
+        right: &Schema,
+        projection: Option<&[usize]>,
+    ) -> Result<Self> {
+        let sides = join_type.output_sides();
+        let resolved = join_type.resolve(build);
+        let names = |s: &Schema| s.fields().iter().map(|f| f.name().clone()).collect::<HashSet<_>>();
+        let shared: HashSet<String> = if sides.len() == 2 {
+            names(left).intersection(&names(right)).cloned().collect()
+        } else {
+            HashSet::new()
+        };
+        let mut fields = Vec::new();
+        let mut sources = Vec::new();
+        for &side in sides {
+            let schema = if side == Side::Left { left } else { right };
+            // A side's columns are null-padded when the other side's unmatched rows
+            // are output.
+            let padded = match (join_type, side) {
+                (JoinType::Full, _) => true,
+                (JoinType::Left, Side::Right) | (JoinType::Right, Side::Left) => true,
+                _ => false,
+            };
+            for (i, f) in schema.fields().iter().enumerate() {
+                let name = if shared.contains(f.name()) {
+                    format!("{side}.{}", f.name())
+                } else {
+                    f.name().clone()
+                };
+                fields.push(Field::new(name, f.data_type().clone(), f.is_nullable() || padded));
+                sources.push(if side == build {
+                    Source::Build(i)
+                } else {
+                    Source::Probe(i)
+                });
+            }
+        }
+        if join_type == JoinType::LeftMark {
+            fields.push(Field::new(MARK_COLUMN, DataType::Boolean, false));
+            sources.push(Source::Mark);
+        }
+        debug_assert_eq!(resolved.emits_pairs(), sides.len() == 2);
+        if let Some(projection) = projection {
+            let (mut picked_fields, mut picked_sources) = (vec![], vec![]);
+            for &i in projection {
+                if i >= fields.len() {
+                    return Err(JoinError::InvalidJoin(format!(
+                        "projection index {i} is out of range: the join has {} output columns",
+                        fields.len()
+                    )));
+                }
+                picked_fields.push(fields[i].clone());
+                picked_sources.push(sources[i]);
+            }
+            fields = picked_fields;
+            sources = picked_sources;
+        }
+        Ok(Self {
+            schema: Arc::new(Schema::new(fields)),
+            sources,
+        })
+    }
+
+    /// Gathers `num_rows` output rows: probe columns by `probe` indices, build columns
+    /// by `build` indices (`None`: all null), the mark column from `mark`.
+    pub fn gather(
+        &self,
+        num_rows: usize,
+        probe: Option<(&RecordBatch, &UInt32Array)>,
+        build: Option<(&RecordBatch, &UInt32Array)>,
+        mark: Option<&BooleanArray>,
+    ) -> Result<RecordBatch> {
+        let columns = self
+            .sources
+            .iter()
+            .zip(self.schema.fields())
+            .map(|(source, field)| -> Result<ArrayRef> {
+                let from = match source {
+                    Source::Probe(i) => probe.map(|(b, idx)| (b.column(*i), idx)),
+                    Source::Build(i) => build.map(|(b, idx)| (b.column(*i), idx)),
+                    Source::Mark => {
+                        return mark.map(|m| Arc::new(m.clone()) as ArrayRef).ok_or_else(|| {
+                            JoinError::InvalidJoin("internal: mark column without marks".into())
+                        })
+                    }
+                };
+                Ok(match from {
+                    Some((column, indices)) => take(column, indices, None)?,
+                    None => new_null_array(field.data_type(), num_rows),
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(RecordBatch::try_new_with_options(
+            Arc::clone(&self.schema),
+            columns,
+            &RecordBatchOptions::new().with_row_count(Some(num_rows)),
+        )?)
+    }
+}
+
+/// One worker's output: coalesces gathered pieces into full batches and sends them to
+/// the caller.
+pub(crate) struct OutputSink {
+    coalescer: BatchCoalescer,
+    sender: Sender<Result<RecordBatch>>,
+    rows: u64,
+}
+
+impl OutputSink {
+    pub fn new(schema: SchemaRef, batch_size: usize, sender: Sender<Result<RecordBatch>>) -> Self {
+        Self {
+            coalescer: BatchCoalescer::new(schema, batch_size),
+            sender,
+            rows: 0,
+        }
+    }
+
+    /// Adds output rows; sends every batch that is complete.
+    ///
+    /// # Errors
+    /// [`JoinError::Cancelled`] when the caller dropped the output.
+    pub fn push(&mut self, batch: RecordBatch) -> Result<()> {
+        if batch.num_rows() == 0 {
+            return Ok(());
+        }
+        self.coalescer.push_batch(batch)?;
+        self.send_completed()
+    }
+
+    /// Sends what is buffered.
+    pub fn finish(&mut self) -> Result<()> {
+        self.coalescer.finish_buffered_batch()?;
+        self.send_completed()
+    }
+
+    /// Rows sent so far.
+    pub fn rows(&self) -> u64 {
+        self.rows
+    }
+
+    fn send_completed(&mut self) -> Result<()> {
+        while let Some(batch) = self.coalescer.next_completed_batch() {
+            self.rows += batch.num_rows() as u64;
+            self.sender
+                .send(Ok(batch))
+                .map_err(|_| JoinError::Cancelled)?;
+        }
+        Ok(())
+    }
+}

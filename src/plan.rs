@@ -1,0 +1,76 @@
+//! A join, resolved once into build and probe terms.
+//!
+//! Everything the user said in left/right terms is translated here: which input
+//! builds, the engine's join type ([`BuildJoinType`]), the key columns of each role,
+//! the filter's column sides and the output layout. Past this module the engine speaks
+//! only of build and probe.
+
+use std::sync::Arc;
+
+use arrow_array::RecordBatch;
+use arrow_schema::SchemaRef;
+use spilljoin_memory::MemoryPool;
+use spilljoin_spill::SpillManager;
+
+use crate::error::{JoinError, Result, Side};
+use crate::filter::ResolvedFilter;
+use crate::join_type::{BuildJoinType, JoinType};
+use crate::keys::{KeySpec, NullEquality};
+use crate::output::OutputLayout;
+use crate::partition::HashBits;
+
+/// A join ready to execute.
+#[derive(Debug)]
+pub(crate) struct JoinPlan {
+    pub join_type: JoinType,
+    pub resolved: BuildJoinType,
+    pub build_side: Side,
+    pub keys: KeySpec,
+    pub filter: Option<ResolvedFilter>,
+    pub output: OutputLayout,
+    pub build_schema: SchemaRef,
+    pub probe_schema: SchemaRef,
+    pub pool: Arc<dyn MemoryPool>,
+    pub spill: Option<SpillManager>,
+    pub batch_size: usize,
+    pub threads: usize,
+    pub bits: HashBits,
+}
+
+impl JoinPlan {
+    /// The side that probes.
+    pub fn probe_side(&self) -> Side {
+        self.build_side.other()
+    }
+
+    /// Whether rows with a null key can never match.
+    pub fn nulls_never_match(&self) -> bool {
+        self.keys.null_equality == NullEquality::NullEqualsNothing
+    }
+
+    /// Checks that a batch of the build (`build == true`) or probe input has the
+    /// column types the join was defined with.
+    pub fn check_batch(&self, batch: &RecordBatch, build: bool) -> Result<()> {
+        let (expected, side) = if build {
+            (&self.build_schema, self.build_side)
+        } else {
+            (&self.probe_schema, self.probe_side())
+        };
+        let found = batch.schema_ref();
+        let same = found.fields().len() == expected.fields().len()
+            && found
+                .fields()
+                .iter()
+                .zip(expected.fields())
+                .all(|(a, b)| a.data_type() == b.data_type());
+        if same {
+            Ok(())
+        } else {
+            Err(JoinError::SchemaMismatch {
+                side,
+                expected: expected.to_string(),
+                found: found.to_string(),
+            })
+        }
+    }
+}

@@ -1,0 +1,435 @@
+//! The probe phase: stream the probe input past the built tables.
+//!
+//! ```text
+//!  probe batch ─► keys ─► hash ─► group rows by partition
+//!     for each partition: walk the chain of each row's bucket
+//!        hash equal? key equal? ─► candidate pair (probe row, build row)
+//!     candidate pairs, at most one output batch at a time:
+//!        residual filter ─► passing pairs ─► mark probe row matched / build row visited
+//!                                         └► gather output (pair joins)
+//!     end of batch: unmatched / semi / anti / mark / not-in probe rows
+//!  end of input (all workers): unmatched / semi / anti / mark / not-in build rows
+//! ```
+//!
+//! The built side is shared read-only by every worker; the mutable state of one
+//! execution lives in [`ProbeState`] (visited bits per build row, and the facts of the
+//! probe side that `NOT IN` with the build on the outer side needs).
+
+use std::ops::ControlFlow;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+use arrow_array::{Array, BooleanArray, RecordBatch, UInt32Array};
+use arrow_buffer::BooleanBuffer;
+use spilljoin_memory::MemoryReservation;
+
+use crate::build::{BuiltPartition, BuiltSide};
+use crate::error::Result;
+use crate::hash::hash_keys;
+use crate::join_type::BuildJoinType;
+use crate::keys::{KeyEq, KeyRepr, Keys, NullEquality, NullableWordEq, RowsEq, WordEq};
+use crate::output::OutputSink;
+use crate::partition::PartitionedRows;
+use crate::plan::JoinPlan;
+
+/// Visited bits of one partition's build rows, set by many probe threads at once.
+#[derive(Debug)]
+pub(crate) struct VisitedBits {
+    words: Vec<AtomicU64>,
+}
+
+impl VisitedBits {
+    fn new(rows: usize) -> Self {
+        Self {
+            words: (0..rows.div_ceil(64)).map(|_| AtomicU64::new(0)).collect(),
+        }
+    }
+
+    fn bytes_for(rows: usize) -> usize {
+        rows.div_ceil(64) * 8
+    }
+
+    #[inline]
+    fn set(&self, row: usize) {
+        let bit = 1u64 << (row % 64);
+        let word = &self.words[row / 64];
+        // Skip the atomic write when the bit is set already (hot keys).
+        if word.load(Ordering::Relaxed) & bit == 0 {
+            word.fetch_or(bit, Ordering::Relaxed);
+        }
+    }
+
+    fn get(&self, row: usize) -> bool {
+        self.words[row / 64].load(Ordering::Relaxed) & (1 << (row % 64)) != 0
+    }
+}
+
+/// The mutable state of one execution against a built side.
+#[derive(Debug)]
+pub(crate) struct ProbeState {
+    /// Visited bits per partition, for joins that output build rows at the end.
+    pub visited: Vec<VisitedBits>,
+    /// Whether the probe input had any row.
+    pub probe_non_empty: AtomicBool,
+    /// Whether some probe row had a null key.
+    pub probe_has_null: AtomicBool,
+    _reservation: MemoryReservation,
+}
+
+impl ProbeState {
+    /// Fresh state for probing `built`; visited bits are reserved in `reservation`.
+    pub fn new(plan: &JoinPlan, built: &BuiltSide, mut reservation: MemoryReservation) -> Result<Self> {
+        let visited = if plan.resolved.tracks_visited_build_rows() {
+            let bytes = built
+                .partitions
+                .iter()
+                .map(|p| VisitedBits::bytes_for(p.batch.num_rows()))
+                .sum();
+            reservation.try_grow(bytes)?;
+            built
+                .partitions
+                .iter()
+                .map(|p| VisitedBits::new(p.batch.num_rows()))
+                .collect()
+        } else {
+            Vec::new()
+        };
+        Ok(Self {
+            visited,
+            probe_non_empty: AtomicBool::new(false),
+            probe_has_null: AtomicBool::new(false),
+            _reservation: reservation,
+        })
+    }
+}
+
+/// One probe worker's buffers, reused from batch to batch.
+pub(crate) struct Prober<'a> {
+    plan: &'a JoinPlan,
+    built: &'a BuiltSide,
+    state: &'a ProbeState,
+    hashes: Vec<u64>,
+    grouped: PartitionedRows,
+    /// Per probe row of the current batch: matched (and passed the filter)?
+    matched: Vec<bool>,
+    /// Candidate pairs not yet filtered/output.
+    pair_probe: Vec<u32>,
+    pair_build: Vec<u32>,
+}
+
+impl<'a> Prober<'a> {
+    pub fn new(plan: &'a JoinPlan, built: &'a BuiltSide, state: &'a ProbeState) -> Self {
+        Self {
+            plan,
+            built,
+            state,
+            hashes: Vec::new(),
+            grouped: PartitionedRows::default(),
+            matched: Vec::new(),
+            pair_probe: Vec::with_capacity(plan.batch_size),
+            pair_build: Vec::with_capacity(plan.batch_size),
+        }
+    }
+
+    /// The bytes this worker's buffers hold at most for batches of `rows` rows
+    /// (reserved by the caller).
+    pub fn bytes_for(batch_rows: usize, pair_rows: usize) -> usize {
+        batch_rows * (8 + 4 + 1) + pair_rows * 8 + 1024
+    }
+
+    /// Probes one batch and sends its output.
+    pub fn probe(&mut self, batch: &RecordBatch, sink: &mut OutputSink) -> Result<()> {
+        let plan = self.plan;
+        let n = batch.num_rows();
+        if n == 0 {
+            return Ok(());
+        }
+        self.state.probe_non_empty.store(true, Ordering::Relaxed);
+        let keys = plan.keys.evaluate(batch, false)?;
+        if keys.nulls.is_some() {
+            self.state.probe_has_null.store(true, Ordering::Relaxed);
+        }
+        let resolved = plan.resolved;
+        self.matched.clear();
+        self.matched.resize(n, false);
+
+        // NOT IN with the subquery on the build side: two facts decide most rows.
+        let skip_lookup = resolved == BuildJoinType::ProbeNotIn
+            && (self.built.num_rows == 0 || self.built.has_null_key);
+        if !skip_lookup {
+            hash_keys(&keys.columns, n, &mut self.hashes)?;
+            let never_matches = plan.nulls_never_match();
+            let keys_ref = &keys;
+            self.grouped.group(plan.bits, &self.hashes, |row| {
+                !(never_matches && keys_ref.is_null(row))
+            });
+            for p in 0..plan.bits.fan_out() {
+                if self.grouped.partition(p).is_empty() {
+                    continue;
+                }
+                self.probe_partition(batch, &keys, p, sink)?;
+            }
+        }
+        self.emit_probe_rows(batch, &keys, sink)
+    }
+
+    fn probe_partition(
+        &mut self,
+        batch: &RecordBatch,
+        keys: &Keys,
+        p: usize,
+        sink: &mut OutputSink,
+    ) -> Result<()> {
+        let part = &self.built.partitions[p];
+        match (&keys.repr, &part.keys) {
+            (
+                KeyRepr::Words { words: pw, valid: pv },
+                KeyRepr::Words { words: bw, valid: bv },
+            ) => {
+                if self.plan.keys.null_equality == NullEquality::NullEqualsNull
+                    && (pv.is_some() || bv.is_some())
+                {
+                    let eq = NullableWordEq {
+                        probe: pw,
+                        build: bw,
+                        probe_valid: pv.as_ref(),
+                        build_valid: bv.as_ref(),
+                    };
+                    self.lookup(batch, part, p, &eq, sink)
+                } else {
+                    self.lookup(batch, part, p, &WordEq { probe: pw, build: bw }, sink)
+                }
+            }
+            (KeyRepr::Rows(pr), KeyRepr::Rows(br)) => {
+                self.lookup(batch, part, p, &RowsEq { probe: pr, build: br }, sink)
+            }
+            _ => Err(crate::error::JoinError::InvalidJoin(
+                "internal: build and probe keys differ in representation".into(),
+            )),
+        }
+    }
+
+    /// Finds the candidates of partition `p`'s probe rows.
+    fn lookup<E: KeyEq>(
+        &mut self,
+        batch: &RecordBatch,
+        part: &BuiltPartition,
+        p: usize,
+        eq: &E,
+        sink: &mut OutputSink,
+    ) -> Result<()> {
+        let resolved = self.plan.resolved;
+        let has_filter = self.plan.filter.is_some();
+        let rows = std::mem::take(&mut self.grouped.rows);
+        let range = self.grouped.offsets[p]..self.grouped.offsets[p + 1];
+        let result = (|| {
+            if !has_filter && !resolved.emits_pairs() {
+                // Existence only: no pair is ever materialized.
+                let stop_at_first = resolved.probe_stops_at_first_match();
+                for &r in &rows[range.clone()] {
+                    let r = r as usize;
+                    let hash = self.hashes[r];
+                    part.table.for_each_candidate(hash, &part.hashes, |b| {
+                        if !eq.key_eq(r, b) {
+                            return ControlFlow::Continue(());
+                        }
+                        if stop_at_first {
+                            self.matched[r] = true;
+                            ControlFlow::Break(())
+                        } else {
+                            self.state.visited[p].set(b);
+                            ControlFlow::Continue(())
+                        }
+                    });
+                }
+                return Ok(());
+            }
+            let batch_size = self.plan.batch_size;
+            for &r in &rows[range.clone()] {
+                let r = r as usize;
+                let hash = self.hashes[r];
+                let mut full = false;
+                part.table.for_each_candidate(hash, &part.hashes, |b| {
+                    if eq.key_eq(r, b) {
+                        self.pair_probe.push(r as u32);
+                        self.pair_build.push(b as u32);
+                        full = self.pair_probe.len() >= batch_size;
+                    }
+                    ControlFlow::Continue(())
+                });
+                // A hot key may add many pairs at once; flush in bounded slices.
+                if full {
+                    self.flush_pairs(batch, part, p, sink)?;
+                }
+            }
+            self.flush_pairs(batch, part, p, sink)
+        })();
+        self.grouped.rows = rows;
+        result
+    }
+
+    /// Filters the pending candidate pairs, records matches and outputs pairs, in
+    /// slices of at most one batch.
+    fn flush_pairs(
+        &mut self,
+        batch: &RecordBatch,
+        part: &BuiltPartition,
+        p: usize,
+        sink: &mut OutputSink,
+    ) -> Result<()> {
+        let batch_size = self.plan.batch_size;
+        let mut start = 0;
+        while start < self.pair_probe.len() {
+            let end = (start + batch_size).min(self.pair_probe.len());
+            let probe_rows = UInt32Array::from(self.pair_probe[start..end].to_vec());
+            let build_rows = UInt32Array::from(self.pair_build[start..end].to_vec());
+            start = end;
+            let (probe_rows, build_rows) = match &self.plan.filter {
+                None => (probe_rows, build_rows),
+                Some(filter) => {
+                    let passed = filter.evaluate(batch, &probe_rows, &part.batch, &build_rows)?;
+                    if passed.true_count() == 0 {
+                        continue;
+                    }
+                    let keep = |a: &UInt32Array| -> Result<UInt32Array> {
+                        let filtered = arrow_select::filter::filter(a, &passed)?;
+                        Ok(filtered
+                            .as_any()
+                            .downcast_ref::<UInt32Array>()
+                            .cloned()
+                            .unwrap_or_else(|| UInt32Array::from(Vec::<u32>::new())))
+                    };
+                    (keep(&probe_rows)?, keep(&build_rows)?)
+                }
+            };
+            if self.plan.resolved.tracks_matched_probe_rows() {
+                for &r in probe_rows.values() {
+                    self.matched[r as usize] = true;
+                }
+            }
+            if self.plan.resolved.tracks_visited_build_rows() {
+                for &b in build_rows.values() {
+                    self.state.visited[p].set(b as usize);
+                }
+            }
+            if self.plan.resolved.emits_pairs() {
+                let out = self.plan.output.gather(
+                    probe_rows.len(),
+                    Some((batch, &probe_rows)),
+                    Some((&part.batch, &build_rows)),
+                    None,
+                )?;
+                sink.push(out)?;
+            }
+        }
+        self.pair_probe.clear();
+        self.pair_build.clear();
+        Ok(())
+    }
+
+    /// Outputs the probe rows that the join type keeps once the whole batch is probed.
+    fn emit_probe_rows(&self, batch: &RecordBatch, keys: &Keys, sink: &mut OutputSink) -> Result<()> {
+        let n = batch.num_rows();
+        let output = &self.plan.output;
+        let select = |keep: &dyn Fn(usize) -> bool| -> UInt32Array {
+            (0..n as u32).filter(|&r| keep(r as usize)).collect()
+        };
+        let rows = match self.plan.resolved {
+            BuildJoinType::ProbeOuter | BuildJoinType::Full | BuildJoinType::ProbeAnti => {
+                select(&|r| !self.matched[r])
+            }
+            BuildJoinType::ProbeSemi => select(&|r| self.matched[r]),
+            BuildJoinType::ProbeNotIn => {
+                if self.built.num_rows == 0 {
+                    select(&|_| true)
+                } else if self.built.has_null_key {
+                    return Ok(());
+                } else {
+                    select(&|r| !self.matched[r] && !keys.is_null(r))
+                }
+            }
+            BuildJoinType::ProbeMark => {
+                let all: UInt32Array = (0..n as u32).collect();
+                let mark = BooleanArray::new(BooleanBuffer::from(self.matched.as_slice()), None);
+                let out = output.gather(n, Some((batch, &all)), None, Some(&mark))?;
+                return sink.push(out);
+            }
+            _ => return Ok(()),
+        };
+        if rows.is_empty() {
+            return Ok(());
+        }
+        for start in (0..rows.len()).step_by(self.plan.batch_size) {
+            let slice = rows.slice(start, self.plan.batch_size.min(rows.len() - start));
+            let out = output.gather(slice.len(), Some((batch, &slice)), None, None)?;
+            sink.push(out)?;
+        }
+        Ok(())
+    }
+}
+
+/// Outputs the build rows that the join type keeps, once every probe worker is done:
+/// partitions `partition_range` (the unmatchable rows go with partition 0).
+pub(crate) fn emit_build_rows(
+    plan: &JoinPlan,
+    built: &BuiltSide,
+    state: &ProbeState,
+    p: usize,
+    sink: &mut OutputSink,
+) -> Result<()> {
+    let resolved = plan.resolved;
+    let part = &built.partitions[p];
+    let visited = |row: usize| state.visited[p].get(row);
+    let probe_empty = !state.probe_non_empty.load(Ordering::Relaxed);
+    let probe_has_null = state.probe_has_null.load(Ordering::Relaxed);
+    let keep: Box<dyn Fn(usize) -> bool> = match resolved {
+        BuildJoinType::BuildOuter | BuildJoinType::Full | BuildJoinType::BuildAnti => {
+            Box::new(|r| !visited(r))
+        }
+        BuildJoinType::BuildSemi => Box::new(visited),
+        BuildJoinType::BuildMark => Box::new(|_| true),
+        BuildJoinType::BuildNotIn if probe_empty => Box::new(|_| true),
+        BuildJoinType::BuildNotIn if probe_has_null => return Ok(()),
+        BuildJoinType::BuildNotIn => Box::new(|r| !visited(r)),
+        _ => return Ok(()),
+    };
+    emit_rows(plan, &part.batch, |r| keep(r), |r| visited(r), sink)?;
+    // Rows whose key can never match: unmatched by definition.
+    if p == 0 {
+        let keep_unmatchable = match resolved {
+            BuildJoinType::BuildNotIn => probe_empty,
+            other => other.keeps_unmatchable_build_rows(),
+        };
+        if keep_unmatchable {
+            for batch in &built.unmatchable {
+                emit_rows(plan, batch, |_| true, |_| false, sink)?;
+            }
+        }
+    }
+    Ok(())
+}
+
+fn emit_rows(
+    plan: &JoinPlan,
+    batch: &RecordBatch,
+    keep: impl Fn(usize) -> bool,
+    mark: impl Fn(usize) -> bool,
+    sink: &mut OutputSink,
+) -> Result<()> {
+    let n = batch.num_rows();
+    let batch_size = plan.batch_size;
+    for start in (0..n).step_by(batch_size.max(1)) {
+        let end = (start + batch_size).min(n);
+        let rows: UInt32Array = (start as u32..end as u32).filter(|&r| keep(r as usize)).collect();
+        if rows.is_empty() {
+            continue;
+        }
+        let marks = (plan.resolved == BuildJoinType::BuildMark).then(|| {
+            BooleanArray::from(rows.values().iter().map(|&r| mark(r as usize)).collect::<Vec<_>>())
+        });
+        let out = plan
+            .output
+            .gather(rows.len(), None, Some((batch, &rows)), marks.as_ref())?;
+        sink.push(out)?;
+    }
+    Ok(())
+}

@@ -1,0 +1,331 @@
+//! Shared test support: random inputs and an obviously-correct reference join.
+//!
+//! The reference join is a nested loop over rows rendered as strings: no hashing, no
+//! partitioning, no Arrow kernels beyond formatting. It is slow and plainly right.
+#![allow(dead_code)]
+
+use std::sync::Arc;
+
+use arrow_array::builder::*;
+use arrow_array::types::Int32Type;
+use arrow_array::*;
+use arrow_cast::display::{ArrayFormatter, FormatOptions};
+use arrow_schema::{DataType, Field, Schema, SchemaRef, TimeUnit};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use spilljoin::{JoinFilter, JoinType, NullEquality, Side};
+
+/// A key type the generator can make.
+#[derive(Debug, Clone)]
+pub struct KeyKind(pub DataType);
+
+/// The key types the random tests draw from.
+pub fn key_types() -> Vec<DataType> {
+    vec![
+        DataType::Int64,
+        DataType::Int32,
+        DataType::Int8,
+        DataType::UInt16,
+        DataType::UInt64,
+        DataType::Float64,
+        DataType::Float32,
+        DataType::Decimal128(20, 2),
+        DataType::Decimal256(40, 3),
+        DataType::Date32,
+        DataType::Date64,
+        DataType::Time64(TimeUnit::Nanosecond),
+        DataType::Timestamp(TimeUnit::Millisecond, Some("+02:00".into())),
+        DataType::Boolean,
+        DataType::Utf8,
+        DataType::LargeUtf8,
+        DataType::Utf8View,
+        DataType::Binary,
+        DataType::BinaryView,
+        DataType::FixedSizeBinary(3),
+        DataType::Dictionary(Box::new(DataType::Int32), Box::new(DataType::Utf8)),
+    ]
+}
+
+/// A column of `n` values drawn from a domain of `domain` distinct values (so keys
+/// repeat), with nulls at rate `null_rate`.
+pub fn key_column(rng: &mut StdRng, data_type: &DataType, n: usize, domain: u64, null_rate: f64) -> ArrayRef {
+    let vals: Vec<Option<u64>> = (0..n)
+        .map(|_| (!rng.random_bool(null_rate)).then(|| rng.random_range(0..domain.max(1))))
+        .collect();
+    // Strings long enough to exceed the 12-byte inline part of views sometimes.
+    let text = |v: u64| if v % 3 == 0 { format!("key-{v}-with-a-long-tail") } else { format!("k{v}") };
+    let fsb = |v: u64| [(v % 251) as u8, (v / 251 % 251) as u8, 7];
+    match data_type {
+        DataType::Int64 => Arc::new(Int64Array::from_iter(vals.iter().map(|v| v.map(|v| v as i64 - 3)))),
+        DataType::Int32 => Arc::new(Int32Array::from_iter(vals.iter().map(|v| v.map(|v| v as i32 * 1000)))),
+        DataType::Int8 => Arc::new(Int8Array::from_iter(vals.iter().map(|v| v.map(|v| (v % 120) as i8 - 60)))),
+        DataType::UInt16 => Arc::new(UInt16Array::from_iter(vals.iter().map(|v| v.map(|v| v as u16)))),
+        DataType::UInt64 => Arc::new(UInt64Array::from_iter(vals.iter().map(|v| v.map(|v| u64::MAX - v)))),
+        DataType::Float64 => Arc::new(Float64Array::from_iter(vals.iter().map(|v| {
+            // Domain value 0 is -0.0 or +0.0, 1 is one of two NaNs: they must match.
+            v.map(|v| match v {
+                0 => if v % 2 == 0 { -0.0 } else { 0.0 },
+                1 => f64::from_bits(0x7ff8_0000_0000_0001),
+                2 => f64::NAN,
+                v => v as f64 / 4.0,
+            })
+        }))),
+        DataType::Float32 => Arc::new(Float32Array::from_iter(vals.iter().map(|v| {
+            v.map(|v| match v {
+                0 => -0.0,
+                1 => f32::NAN,
+                v => v as f32 * 1.5,
+            })
+        }))),
+        DataType::Decimal128(p, s) => Arc::new(
+            Decimal128Array::from_iter(vals.iter().map(|v| v.map(|v| v as i128 * 12345 - 99)))
+                .with_precision_and_scale(*p, *s)
+                .unwrap(),
+        ),
+        DataType::Decimal256(p, s) => Arc::new(
+            Decimal256Array::from_iter(vals.iter().map(|v| v.map(|v| arrow_buffer::i256::from_i128(v as i128 * 7 - 5))))
+                .with_precision_and_scale(*p, *s)
+                .unwrap(),
+        ),
+        DataType::Date32 => Arc::new(Date32Array::from_iter(vals.iter().map(|v| v.map(|v| v as i32 + 18000)))),
+        DataType::Date64 => Arc::new(Date64Array::from_iter(vals.iter().map(|v| v.map(|v| v as i64 * 86_400_000)))),
+        DataType::Time64(TimeUnit::Nanosecond) => {
+            Arc::new(Time64NanosecondArray::from_iter(vals.iter().map(|v| v.map(|v| v as i64 * 1_000_000_007))))
+        }
+        DataType::Timestamp(TimeUnit::Millisecond, tz) => Arc::new(
+            TimestampMillisecondArray::from_iter(vals.iter().map(|v| v.map(|v| v as i64 * 1000 + 1_600_000_000_000)))
+                .with_timezone_opt(tz.clone()),
+        ),
+        DataType::Boolean => Arc::new(BooleanArray::from_iter(vals.iter().map(|v| v.map(|v| v % 2 == 0)))),
+        DataType::Utf8 => Arc::new(StringArray::from_iter(vals.iter().map(|v| v.map(text)))),
+        DataType::LargeUtf8 => Arc::new(LargeStringArray::from_iter(vals.iter().map(|v| v.map(text)))),
+        DataType::Utf8View => Arc::new(StringViewArray::from_iter(vals.iter().map(|v| v.map(text)))),
+        DataType::Binary => Arc::new(BinaryArray::from_iter(vals.iter().map(|v| v.map(|v| text(v).into_bytes())))),
+        DataType::BinaryView => {
+            Arc::new(BinaryViewArray::from_iter(vals.iter().map(|v| v.map(|v| text(v).into_bytes()))))
+        }
+        DataType::FixedSizeBinary(3) => Arc::new(
+            FixedSizeBinaryArray::try_from_sparse_iter_with_size(vals.iter().map(|v| v.map(fsb)), 3).unwrap(),
+        ),
+        DataType::Dictionary(_, _) => {
+            let mut b = StringDictionaryBuilder::<Int32Type>::new();
+            for v in &vals {
+                match v {
+                    Some(v) => {
+                        b.append_value(text(*v));
+                    }
+                    None => b.append_null(),
+                }
+            }
+            Arc::new(b.finish())
+        }
+        other => panic!("no generator for {other}"),
+    }
+}
+
+/// One side of a random join: key columns, an int payload `v` (nullable), a string
+/// payload `s`.
+pub fn side(
+    rng: &mut StdRng,
+    prefix: &str,
+    key_types: &[DataType],
+    n: usize,
+    domain: u64,
+    null_rate: f64,
+) -> RecordBatch {
+    let mut fields = Vec::new();
+    let mut columns = Vec::new();
+    for (i, t) in key_types.iter().enumerate() {
+        fields.push(Field::new(format!("{prefix}k{i}"), t.clone(), true));
+        columns.push(key_column(rng, t, n, domain, null_rate));
+    }
+    fields.push(Field::new(format!("{prefix}v"), DataType::Int64, true));
+    columns.push(Arc::new(Int64Array::from_iter(
+        (0..n).map(|_| (!rng.random_bool(0.1)).then(|| rng.random_range(0..20))),
+    )));
+    fields.push(Field::new(format!("{prefix}s"), DataType::Utf8, false));
+    columns.push(Arc::new(StringArray::from_iter_values(
+        (0..n).map(|i| format!("{prefix}row{i}")),
+    )));
+    RecordBatch::try_new(Arc::new(Schema::new(fields)), columns).unwrap()
+}
+
+/// Splits a batch into random-sized batches, some empty.
+pub fn split(rng: &mut StdRng, batch: &RecordBatch, max_rows: usize) -> Vec<RecordBatch> {
+    let mut out = Vec::new();
+    let mut offset = 0;
+    loop {
+        if rng.random_bool(0.1) {
+            out.push(batch.slice(offset, 0));
+        }
+        if offset >= batch.num_rows() {
+            break;
+        }
+        let len = rng.random_range(1..=max_rows.max(1)).min(batch.num_rows() - offset);
+        out.push(batch.slice(offset, len));
+        offset += len;
+    }
+    out
+}
+
+/// The test filter: `left.v < right.v` (null is false).
+pub fn less_than_filter(left: &Schema, right: &Schema) -> JoinFilter {
+    let l = left.index_of(&left.fields().iter().find(|f| f.name().ends_with('v') && f.name().len() == 2).unwrap().name().clone()).unwrap();
+    let r = right.index_of(&right.fields().iter().find(|f| f.name().ends_with('v') && f.name().len() == 2).unwrap().name().clone()).unwrap();
+    JoinFilter::new(vec![(Side::Left, l), (Side::Right, r)], |b: &RecordBatch| {
+        arrow_ord::cmp::lt(b.column(0), b.column(1))
+    })
+}
+
+/// Renders every value of a batch: `rows[r][c]`, `None` for null.
+pub fn render(batch: &RecordBatch) -> Vec<Vec<Option<String>>> {
+    let options = FormatOptions::default();
+    let formatters: Vec<_> = batch
+        .columns()
+        .iter()
+        .map(|c| ArrayFormatter::try_new(c.as_ref(), &options).unwrap())
+        .collect();
+    (0..batch.num_rows())
+        .map(|r| {
+            batch
+                .columns()
+                .iter()
+                .zip(&formatters)
+                .map(|(c, f)| c.is_valid(r).then(|| f.value(r).to_string()))
+                .collect()
+        })
+        .collect()
+}
+
+/// A key value as the reference compares it: floats canonical (`-0 = 0`, NaN = NaN).
+fn canonical_key(data_type: &DataType, rendered: &Option<String>, array: &ArrayRef, row: usize) -> Option<String> {
+    let rendered = rendered.as_ref()?;
+    Some(match data_type {
+        DataType::Float64 | DataType::Float32 => {
+            let v = if let Some(a) = array.as_any().downcast_ref::<Float64Array>() {
+                a.value(row)
+            } else {
+                array.as_any().downcast_ref::<Float32Array>().unwrap().value(row) as f64
+            };
+            if v.is_nan() { "NaN".into() } else if v == 0.0 { "0".into() } else { format!("{v:?}") }
+        }
+        _ => rendered.clone(),
+    })
+}
+
+/// The reference join: nested loops, rows as strings, output as sorted rendered rows.
+pub fn reference_join(
+    left: &RecordBatch,
+    right: &RecordBatch,
+    keys: &[(usize, usize)],
+    join_type: JoinType,
+    filter: bool,
+    null_equality: NullEquality,
+) -> Vec<String> {
+    let (lr, rr) = (render(left), render(right));
+    let key = |batch: &RecordBatch, rows: &[Vec<Option<String>>], r: usize, which: &dyn Fn(&(usize, usize)) -> usize| -> Vec<Option<String>> {
+        keys.iter()
+            .map(|k| {
+                let c = which(k);
+                canonical_key(batch.schema().field(c).data_type(), &rows[r][c], batch.column(c), r)
+            })
+            .collect()
+    };
+    let lkeys: Vec<_> = (0..left.num_rows()).map(|r| key(left, &lr, r, &|k| k.0)).collect();
+    let rkeys: Vec<_> = (0..right.num_rows()).map(|r| key(right, &rr, r, &|k| k.1)).collect();
+    let v = |batch: &RecordBatch, r: usize| -> Option<i64> {
+        let c = batch.schema().fields().iter().position(|f| f.name().ends_with('v') && f.name().len() == 2).unwrap();
+        let a = batch.column(c).as_any().downcast_ref::<Int64Array>().unwrap();
+        a.is_valid(r).then(|| a.value(r))
+    };
+    let keys_equal = |a: &[Option<String>], b: &[Option<String>]| {
+        a.iter().zip(b).all(|(x, y)| match (x, y) {
+            (Some(x), Some(y)) => x == y,
+            (None, None) => null_equality == NullEquality::NullEqualsNull,
+            _ => false,
+        })
+    };
+    let matches = |l: usize, r: usize| {
+        keys_equal(&lkeys[l], &rkeys[r])
+            && (!filter || matches!((v(left, l), v(right, r)), (Some(a), Some(b)) if a < b))
+    };
+    let nulls = |n: usize| vec![None; n];
+    let row = |cells: Vec<Option<String>>| {
+        cells.into_iter().map(|c| c.unwrap_or_else(|| "∅".into())).collect::<Vec<_>>().join("|")
+    };
+    let cat = |a: &[Option<String>], b: &[Option<String>]| [a, b].concat();
+    let (ln, rn) = (left.num_columns(), right.num_columns());
+    let mut out = Vec::new();
+    let l_matched = |l: usize| (0..right.num_rows()).any(|r| matches(l, r));
+    let r_matched = |r: usize| (0..left.num_rows()).any(|l| matches(l, r));
+    match join_type {
+        JoinType::Inner | JoinType::Left | JoinType::Right | JoinType::Full => {
+            for l in 0..left.num_rows() {
+                for r in 0..right.num_rows() {
+                    if matches(l, r) {
+                        out.push(row(cat(&lr[l], &rr[r])));
+                    }
+                }
+            }
+            if matches!(join_type, JoinType::Left | JoinType::Full) {
+                for l in (0..left.num_rows()).filter(|&l| !l_matched(l)) {
+                    out.push(row(cat(&lr[l], &nulls(rn))));
+                }
+            }
+            if matches!(join_type, JoinType::Right | JoinType::Full) {
+                for r in (0..right.num_rows()).filter(|&r| !r_matched(r)) {
+                    out.push(row(cat(&nulls(ln), &rr[r])));
+                }
+            }
+        }
+        JoinType::LeftSemi => out.extend((0..left.num_rows()).filter(|&l| l_matched(l)).map(|l| row(lr[l].clone()))),
+        JoinType::LeftAnti => out.extend((0..left.num_rows()).filter(|&l| !l_matched(l)).map(|l| row(lr[l].clone()))),
+        JoinType::RightSemi => out.extend((0..right.num_rows()).filter(|&r| r_matched(r)).map(|r| row(rr[r].clone()))),
+        JoinType::RightAnti => out.extend((0..right.num_rows()).filter(|&r| !r_matched(r)).map(|r| row(rr[r].clone()))),
+        JoinType::LeftMark => out.extend((0..left.num_rows()).map(|l| {
+            row(cat(&lr[l], &[Some(l_matched(l).to_string())]))
+        })),
+        JoinType::LeftNotIn | JoinType::RightNotIn => {
+            // x NOT IN (subquery): true iff for every y in the subquery, x <> y is TRUE.
+            let (outer, outer_rows, outer_keys, sub_keys) = if join_type == JoinType::LeftNotIn {
+                (left, &lr, &lkeys, &rkeys)
+            } else {
+                (right, &rr, &rkeys, &lkeys)
+            };
+            for o in 0..outer.num_rows() {
+                let keep = sub_keys.iter().all(|s| match (&outer_keys[o][0], &s[0]) {
+                    (Some(x), Some(y)) => x != y,
+                    _ => false, // NULL <> anything is unknown
+                });
+                if keep {
+                    out.push(row(outer_rows[o].clone()));
+                }
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+/// Renders engine output the same way as the reference, sorted.
+pub fn rendered_rows(batches: &[RecordBatch]) -> Vec<String> {
+    let mut out: Vec<String> = batches
+        .iter()
+        .flat_map(render)
+        .map(|cells| cells.into_iter().map(|c| c.unwrap_or_else(|| "∅".into())).collect::<Vec<_>>().join("|"))
+        .collect();
+    out.sort();
+    out
+}
+
+/// A seeded rng; the seed comes from `SPILLJOIN_SEED` when set.
+pub fn rng_for(case: u64) -> (u64, StdRng) {
+    let base: u64 = std::env::var("SPILLJOIN_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or(0x5EED);
+    let seed = base.wrapping_add(case.wrapping_mul(0x9E37_79B9_7F4A_7C15));
+    (seed, StdRng::seed_from_u64(seed))
+}
+
+/// A schema's reference.
+pub fn schema_of(batch: &RecordBatch) -> SchemaRef {
+    batch.schema()
+}

@@ -1,0 +1,170 @@
+//! Differential tests: the hash join against the nested-loop reference join, over
+//! random inputs × every join type × key types × null equality × filter × batch sizes
+//! × threads × partition fan-outs.
+//!
+//! A failure prints the seed and a command that replays just that case.
+
+mod common;
+
+use std::sync::Arc;
+
+use arrow_array::RecordBatch;
+use arrow_schema::DataType;
+use common::*;
+use rand::Rng;
+use spilljoin::memory::{GreedyMemoryPool, MemoryPool};
+use spilljoin::{HashJoinBuilder, JoinType, NullEquality};
+
+const BATCH_SIZES: [usize; 8] = [1, 2, 7, 49, 50, 51, 100, 8192];
+
+/// How many random cases the default run checks (override with `SPILLJOIN_CASES`).
+const DEFAULT_CASES: u64 = 1500;
+
+struct Case {
+    join_type: JoinType,
+    left: RecordBatch,
+    right: RecordBatch,
+    keys: Vec<(usize, usize)>,
+    filter: bool,
+    null_equality: NullEquality,
+    batch_size: usize,
+    threads: usize,
+    partition_bits: u32,
+    input_rows: usize,
+}
+
+fn random_case(case: u64) -> (u64, Case) {
+    let (seed, mut rng) = rng_for(case);
+    let join_type = JoinType::ALL[rng.random_range(0..JoinType::ALL.len())];
+    let types = key_types();
+    let num_keys = if join_type.is_null_aware() { 1 } else { rng.random_range(1..=2) };
+    let chosen: Vec<DataType> = (0..num_keys).map(|_| types[rng.random_range(0..types.len())].clone()).collect();
+    let domain = [1, 2, 5, 20, 1000][rng.random_range(0..5)];
+    let null_rate = [0.0, 0.0, 0.1, 0.5, 1.0][rng.random_range(0..5)];
+    let size = |rng: &mut rand::rngs::StdRng| [0, 1, 3, 17, 40, 90][rng.random_range(0..6)];
+    let (ln, rn) = (size(&mut rng), size(&mut rng));
+    let left = side(&mut rng, "l", &chosen, ln, domain, null_rate);
+    let right = side(&mut rng, "r", &chosen, rn, domain, null_rate);
+    let null_equality = if !join_type.is_null_aware() && rng.random_bool(0.4) {
+        NullEquality::NullEqualsNull
+    } else {
+        NullEquality::NullEqualsNothing
+    };
+    let filter = !join_type.is_null_aware() && rng.random_bool(0.4);
+    (
+        seed,
+        Case {
+            join_type,
+            keys: (0..num_keys).map(|i| (i, i)).collect(),
+            left,
+            right,
+            filter,
+            null_equality,
+            batch_size: BATCH_SIZES[rng.random_range(0..BATCH_SIZES.len())],
+            threads: rng.random_range(1..=4),
+            partition_bits: [0, 1, 2, 4, 8][rng.random_range(0..5)],
+            input_rows: rng.random_range(1..=30),
+        },
+    )
+}
+
+fn run_case(case: u64) {
+    let (seed, c) = random_case(case);
+    let context = || {
+        format!(
+            "case {case} (seed {seed}): {} keys {:?} filter={} {:?} batch={} threads={} bits={} left={} right={}\n\
+             replay: SPILLJOIN_CASE={case} cargo test --test join_reference random_joins_match_the_reference",
+            c.join_type,
+            c.left.schema().fields().iter().take(c.keys.len()).map(|f| f.data_type().to_string()).collect::<Vec<_>>(),
+            c.filter,
+            c.null_equality,
+            c.batch_size,
+            c.threads,
+            c.partition_bits,
+            c.left.num_rows(),
+            c.right.num_rows(),
+        )
+    };
+    let expected = reference_join(&c.left, &c.right, &c.keys, c.join_type, c.filter, c.null_equality);
+    let pool: Arc<dyn MemoryPool> = Arc::new(GreedyMemoryPool::new(1 << 30));
+    let (ls, rs) = (c.left.schema(), c.right.schema());
+    let on: Vec<(String, String)> = c
+        .keys
+        .iter()
+        .map(|&(l, r)| (ls.field(l).name().clone(), rs.field(r).name().clone()))
+        .collect();
+    let mut builder = HashJoinBuilder::new(ls.clone(), rs.clone(), on)
+        .with_join_type(c.join_type)
+        .with_null_equality(c.null_equality)
+        .with_batch_size(c.batch_size)
+        .with_threads(c.threads)
+        .with_partition_bits(c.partition_bits)
+        .with_memory_pool(Arc::clone(&pool));
+    if c.filter {
+        builder = builder.with_filter(less_than_filter(&ls, &rs));
+    }
+    let join = builder.build().unwrap_or_else(|e| panic!("{e}\n{}", context()));
+    let (mut lrng, mut rrng) = (rng_for(case ^ 1).1, rng_for(case ^ 2).1);
+    let left_batches: Vec<_> = split(&mut lrng, &c.left, c.input_rows).into_iter().map(Ok).collect();
+    let right_batches: Vec<_> = split(&mut rrng, &c.right, c.input_rows).into_iter().map(Ok).collect();
+    let output: Vec<RecordBatch> = join
+        .execute(left_batches, right_batches)
+        .unwrap()
+        .collect::<Result<_, _>>()
+        .unwrap_or_else(|e| panic!("{e}\n{}", context()));
+    for b in &output {
+        assert!(b.num_rows() <= c.batch_size, "batch of {} rows\n{}", b.num_rows(), context());
+        assert!(b.num_rows() > 0, "empty output batch\n{}", context());
+        assert_eq!(b.schema(), join.schema(), "{}", context());
+    }
+    let actual = rendered_rows(&output);
+    if actual != expected {
+        let missing: Vec<_> = expected.iter().filter(|r| !actual.contains(r)).take(5).collect();
+        let extra: Vec<_> = actual.iter().filter(|r| !expected.contains(r)).take(5).collect();
+        panic!(
+            "{} rows, expected {}\nmissing (first 5): {missing:#?}\nextra (first 5): {extra:#?}\n{}",
+            actual.len(),
+            expected.len(),
+            context()
+        );
+    }
+    assert_eq!(pool.reserved(), 0, "reservations left after the join\n{}", context());
+}
+
+#[test]
+fn random_joins_match_the_reference() {
+    if let Some(case) = std::env::var("SPILLJOIN_CASE").ok().and_then(|s| s.parse().ok()) {
+        run_case(case);
+        return;
+    }
+    let cases = std::env::var("SPILLJOIN_CASES").ok().and_then(|s| s.parse().ok()).unwrap_or(DEFAULT_CASES);
+    for case in 0..cases {
+        run_case(case);
+    }
+}
+
+/// Every join type at least once with every key type, so no combination depends on
+/// the dice.
+#[test]
+fn every_join_type_with_every_key_type() {
+    for (t, data_type) in key_types().into_iter().enumerate() {
+        for (j, join_type) in JoinType::ALL.into_iter().enumerate() {
+            let (_, mut rng) = rng_for((t * 100 + j) as u64 + 1_000_000);
+            let left = side(&mut rng, "l", std::slice::from_ref(&data_type), 30, 8, 0.15);
+            let right = side(&mut rng, "r", std::slice::from_ref(&data_type), 25, 8, 0.15);
+            let expected = reference_join(&left, &right, &[(0, 0)], join_type, false, NullEquality::NullEqualsNothing);
+            let join = HashJoinBuilder::new(left.schema(), right.schema(), [("lk0", "rk0")])
+                .with_join_type(join_type)
+                .with_batch_size(7)
+                .with_threads(2)
+                .build()
+                .unwrap();
+            let output: Vec<RecordBatch> = join
+                .execute(vec![Ok(left.clone())], vec![Ok(right.clone())])
+                .unwrap()
+                .collect::<Result<_, _>>()
+                .unwrap();
+            assert_eq!(rendered_rows(&output), expected, "{join_type} on {data_type}");
+        }
+    }
+}

@@ -24,6 +24,7 @@ use spilljoin_memory::{MemoryConsumer, MemoryReservation};
 
 use crate::error::{JoinError, Result};
 use crate::hash::hash_keys;
+use crate::join::InputStreams;
 use crate::keys::KeyRepr;
 use crate::partition::PartitionedRows;
 use crate::plan::JoinPlan;
@@ -125,7 +126,7 @@ fn panic_message(panic: &Box<dyn std::any::Any + Send>) -> String {
 }
 
 /// Reads the whole build input into partitions and builds their tables.
-pub(crate) fn build_side<I>(plan: &JoinPlan, input: I, cancel: &AtomicBool) -> Result<BuiltSide>
+pub(crate) fn build_side<I>(plan: &JoinPlan, input: Vec<I>, cancel: &AtomicBool) -> Result<BuiltSide>
 where
     I: Iterator<Item = Result<RecordBatch, ArrowError>> + Send,
 {
@@ -133,7 +134,7 @@ where
     let base = MemoryConsumer::new("spilljoin build side")
         .with_can_spill(true)
         .register(&plan.pool);
-    let input = Mutex::new(input);
+    let input = InputStreams::new(input);
     let buffers: Vec<Mutex<PartitionBuffer>> =
         (0..fan_out).map(|_| Mutex::default()).collect();
     let unmatchable = Mutex::new(Vec::new());
@@ -144,14 +145,14 @@ where
 
     run_workers(plan.threads, cancel, || {
         let mut mine = base.new_empty();
+        let mut current = None;
         let mut hashes = Vec::new();
         let mut grouped = PartitionedRows::default();
         loop {
             if cancel.load(Ordering::Relaxed) {
                 return Err(JoinError::Cancelled);
             }
-            let next = lock(&input).next();
-            let batch = match next {
+            let batch = match input.next(&mut current) {
                 None => return Ok(()),
                 Some(Err(source)) => {
                     return Err(JoinError::Input {

@@ -311,8 +311,23 @@ impl HashJoin {
         R: IntoIterator<Item = Result<RecordBatch, ArrowError>>,
         R::IntoIter: Send + 'static,
     {
+        self.execute_partitioned(vec![left.into_iter()], vec![right.into_iter()])
+    }
+
+    /// Like [`execute`](Self::execute), with each input split into several streams
+    /// (for example, one per group of Parquet row groups). Worker threads read
+    /// different streams at the same time, so decoding the inputs runs in parallel;
+    /// a stream is read by one worker at a time, start to end. Any stream may be
+    /// empty; the output does not depend on how the inputs are split.
+    ///
+    /// # Errors
+    /// As [`execute`](Self::execute).
+    pub fn execute_partitioned<L, R>(&self, left: Vec<L>, right: Vec<R>) -> Result<JoinStream>
+    where
+        L: Iterator<Item = Result<RecordBatch, ArrowError>> + Send + 'static,
+        R: Iterator<Item = Result<RecordBatch, ArrowError>> + Send + 'static,
+    {
         let plan = Arc::clone(&self.plan);
-        let (left, right) = (left.into_iter(), right.into_iter());
         let (sender, receiver) = bounded(plan.threads * 2);
         let cancel = Arc::new(AtomicBool::new(false));
         let metrics = Arc::new(SharedMetrics::default());
@@ -351,8 +366,8 @@ impl HashJoin {
 /// Runs a whole join on the calling thread and its workers.
 fn run<B, P>(
     plan: &JoinPlan,
-    build_input: B,
-    probe_input: P,
+    build_input: Vec<B>,
+    probe_input: Vec<P>,
     sender: &Sender<Result<RecordBatch>>,
     cancel: &AtomicBool,
     metrics: &SharedMetrics,
@@ -374,8 +389,9 @@ where
     let start = Instant::now();
     let probe_consumer = MemoryConsumer::new("spilljoin probe").register(&plan.pool);
     let state = ProbeState::new(plan, &built, probe_consumer.new_empty())?;
-    let probe_input = Mutex::new(probe_input);
+    let probe_input = InputStreams::new(probe_input);
     run_workers(plan.threads, cancel, || {
+        let mut current = None;
         let mut reservation = probe_consumer.new_empty();
         reservation.try_grow(Prober::bytes_for(plan.batch_size, plan.batch_size))?;
         let mut prober = Prober::new(plan, &built, &state);
@@ -384,11 +400,7 @@ where
             if cancel.load(Ordering::Relaxed) {
                 return Err(JoinError::Cancelled);
             }
-            let next = probe_input
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .next();
-            let batch = match next {
+            let batch = match probe_input.next(&mut current) {
                 None => break,
                 Some(Err(source)) => {
                     return Err(JoinError::Input {
@@ -438,6 +450,33 @@ where
         .probe_nanos
         .store(start.elapsed().as_nanos() as u64, Ordering::Relaxed);
     Ok(())
+}
+
+/// Several streams of one input, read by many workers: each worker keeps reading the
+/// stream it holds and takes another from the queue when it ends.
+pub(crate) struct InputStreams<I> {
+    queue: Mutex<std::collections::VecDeque<I>>,
+}
+
+impl<I: Iterator<Item = Result<RecordBatch, ArrowError>>> InputStreams<I> {
+    pub fn new(streams: Vec<I>) -> Self {
+        Self {
+            queue: Mutex::new(streams.into()),
+        }
+    }
+
+    /// The next batch for a worker holding `current`; `None` when every stream ended.
+    pub fn next(&self, current: &mut Option<I>) -> Option<Result<RecordBatch, ArrowError>> {
+        loop {
+            if let Some(stream) = current {
+                if let Some(item) = stream.next() {
+                    return Some(item);
+                }
+            }
+            *current = self.queue.lock().unwrap_or_else(|p| p.into_inner()).pop_front();
+            current.as_ref()?;
+        }
+    }
 }
 
 /// The output of an executing join: an iterator of batches of at most the configured

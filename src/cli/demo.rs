@@ -1,0 +1,138 @@
+//! `spilljoin demo`: TPC-H-shaped data made on the spot, joined under a limit.
+//!
+//! `orders(o_orderkey, o_custkey, o_totalprice, o_orderdate, o_comment)` and
+//! `lineitem(l_orderkey, l_linenumber, l_quantity, l_extendedprice, l_shipmode)` with
+//! one to seven line items per order, written as Parquet and joined with
+//! `lineitem ⋈ orders` on the order key (orders builds), as `spilljoin join` would.
+
+use std::fs::File;
+use std::path::Path;
+use std::sync::Arc;
+
+use anyhow::{Context, Result};
+use arrow_array::{ArrayRef, Date32Array, Float64Array, Int32Array, Int64Array, RecordBatch, StringArray};
+use arrow_schema::{DataType, Field, Schema};
+use parquet::arrow::ArrowWriter;
+use spilljoin::{JoinType, NullEquality};
+
+use super::args::DemoArgs;
+use super::io::ParquetInput;
+use super::run::run_join;
+
+/// A small deterministic generator (splitmix64): the demo's data is the same on
+/// every machine.
+struct SplitMix(u64);
+
+impl SplitMix {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+}
+
+const SHIP_MODES: [&str; 7] = ["AIR", "FOB", "MAIL", "RAIL", "REG AIR", "SHIP", "TRUCK"];
+const WORDS: [&str; 8] = ["quick", "final", "pending", "ironic", "express", "regular", "bold", "careful"];
+
+/// Runs the demo.
+pub fn run(args: &DemoArgs) -> Result<()> {
+    let temp;
+    let dir = match &args.dir {
+        Some(dir) => {
+            std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+            dir.clone()
+        }
+        None => {
+            temp = tempfile::tempdir().context("cannot create a temp dir for the demo data")?;
+            temp.path().to_path_buf()
+        }
+    };
+    let (orders, lineitem) = (dir.join("orders.parquet"), dir.join("lineitem.parquet"));
+    let line_rows = generate(&orders, &lineitem, args.orders)?;
+    eprintln!(
+        "demo: {} orders and {line_rows} line items in {}",
+        args.orders,
+        dir.display()
+    );
+    eprintln!("demo: spilljoin join --left {} --right {} --on l_orderkey=o_orderkey", lineitem.display(), orders.display());
+    run_join(
+        &ParquetInput::open(&lineitem)?,
+        &ParquetInput::open(&orders)?,
+        &[("l_orderkey".into(), "o_orderkey".into())],
+        JoinType::Inner,
+        NullEquality::NullEqualsNothing,
+        None,
+        None,
+        &args.run,
+    )
+}
+
+fn generate(orders_path: &Path, lineitem_path: &Path, orders: usize) -> Result<usize> {
+    const CHUNK: usize = 65_536;
+    let orders_schema = Arc::new(Schema::new(vec![
+        Field::new("o_orderkey", DataType::Int64, false),
+        Field::new("o_custkey", DataType::Int64, false),
+        Field::new("o_totalprice", DataType::Float64, false),
+        Field::new("o_orderdate", DataType::Date32, false),
+        Field::new("o_comment", DataType::Utf8, false),
+    ]));
+    let lineitem_schema = Arc::new(Schema::new(vec![
+        Field::new("l_orderkey", DataType::Int64, false),
+        Field::new("l_linenumber", DataType::Int32, false),
+        Field::new("l_quantity", DataType::Float64, false),
+        Field::new("l_extendedprice", DataType::Float64, false),
+        Field::new("l_shipmode", DataType::Utf8, false),
+    ]));
+    let create = |p: &Path| File::create(p).with_context(|| format!("cannot create {}", p.display()));
+    let mut ow = ArrowWriter::try_new(create(orders_path)?, Arc::clone(&orders_schema), None)?;
+    let mut lw = ArrowWriter::try_new(create(lineitem_path)?, Arc::clone(&lineitem_schema), None)?;
+    let mut rng = SplitMix(42);
+    let mut line_rows = 0;
+    for start in (0..orders).step_by(CHUNK) {
+        let end = (start + CHUNK).min(orders);
+        let (mut ok, mut oc, mut op, mut od, mut ocm) = (vec![], vec![], vec![], vec![], vec![]);
+        let (mut lk, mut ln, mut lq, mut lp, mut lm) = (vec![], vec![], vec![], vec![], vec![]);
+        for o in start..end {
+            // TPC-H order keys are sparse: 8 of every 32 values are used.
+            let key = ((o / 8) * 32 + o % 8 + 1) as i64;
+            ok.push(key);
+            oc.push(rng.below(orders as u64 / 10 + 1) as i64 + 1);
+            op.push(rng.below(50_000_000) as f64 / 100.0);
+            od.push(8035 + rng.below(2400) as i32);
+            ocm.push(format!("{} {} requests", WORDS[rng.below(8) as usize], WORDS[rng.below(8) as usize]));
+            for line in 1..=(1 + rng.below(7)) as i32 {
+                lk.push(key);
+                ln.push(line);
+                lq.push((1 + rng.below(50)) as f64);
+                lp.push(rng.below(10_000_000) as f64 / 100.0);
+                lm.push(SHIP_MODES[rng.below(7) as usize]);
+            }
+        }
+        line_rows += lk.len();
+        let columns: Vec<ArrayRef> = vec![
+            Arc::new(Int64Array::from(ok)),
+            Arc::new(Int64Array::from(oc)),
+            Arc::new(Float64Array::from(op)),
+            Arc::new(Date32Array::from(od)),
+            Arc::new(StringArray::from(ocm)),
+        ];
+        ow.write(&RecordBatch::try_new(Arc::clone(&orders_schema), columns)?)?;
+        let columns: Vec<ArrayRef> = vec![
+            Arc::new(Int64Array::from(lk)),
+            Arc::new(Int32Array::from(ln)),
+            Arc::new(Float64Array::from(lq)),
+            Arc::new(Float64Array::from(lp)),
+            Arc::new(StringArray::from(lm)),
+        ];
+        lw.write(&RecordBatch::try_new(Arc::clone(&lineitem_schema), columns)?)?;
+    }
+    ow.close()?;
+    lw.close()?;
+    Ok(line_rows)
+}

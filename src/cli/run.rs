@@ -1,0 +1,204 @@
+//! `spilljoin join`: resolve columns, run the join, write or count the output.
+
+use std::num::NonZeroUsize;
+use std::sync::Arc;
+use std::time::Instant;
+
+use anyhow::{bail, Context, Result};
+use arrow_schema::{Schema, SchemaRef};
+use spilljoin::memory::{default_memory_limit_bytes, GreedyMemoryPool, MemoryPool, TrackConsumersPool};
+use spilljoin::spill::{SpillConfig, SpillManager};
+use spilljoin::{HashJoinBuilder, JoinType, NullEquality, Side};
+
+use super::args::{JoinArgs, RunArgs};
+use super::io::{OutputWriter, ParquetInput};
+
+/// A column the user named for the output.
+struct Selected {
+    side: Side,
+    name: String,
+}
+
+/// Runs `spilljoin join`.
+pub fn join(args: &JoinArgs) -> Result<()> {
+    let left = ParquetInput::open(&args.left)?;
+    let right = ParquetInput::open(&args.right)?;
+    let on: Vec<(String, String)> = args.on.iter().flatten().cloned().collect();
+    let null_equality = if args.null_equals_null {
+        NullEquality::NullEqualsNull
+    } else {
+        NullEquality::NullEqualsNothing
+    };
+    run_join(
+        &left,
+        &right,
+        &on,
+        args.join_type,
+        null_equality,
+        args.select.as_deref(),
+        args.output.as_deref(),
+        &args.run,
+    )
+}
+
+/// Runs a join of two Parquet inputs and reports rows and time on stderr.
+#[allow(clippy::too_many_arguments)]
+pub fn run_join(
+    left: &ParquetInput,
+    right: &ParquetInput,
+    on: &[(String, String)],
+    join_type: JoinType,
+    null_equality: NullEquality,
+    select: Option<&[String]>,
+    output: Option<&std::path::Path>,
+    run: &RunArgs,
+) -> Result<()> {
+    let start = Instant::now();
+    let sides = join_type.output_sides();
+    let selected = select
+        .map(|names| resolve_select(names, sides, left.schema(), right.schema()))
+        .transpose()?;
+    // Columns each side must decode: its keys, then what the output needs.
+    let needed = |side: Side, schema: &SchemaRef, keys: Vec<&String>| -> Result<Vec<usize>> {
+        let mut names: Vec<&str> = keys.iter().map(|s| s.as_str()).collect();
+        match &selected {
+            Some(sel) => names.extend(sel.iter().filter(|s| s.side == side).map(|s| s.name.as_str())),
+            None if sides.contains(&side) => names.extend(schema.fields().iter().map(|f| f.name().as_str())),
+            None => {}
+        }
+        let mut indices = Vec::new();
+        for name in names {
+            let i = schema.index_of(name).map_err(|_| no_such_column(side, name, schema))?;
+            if !indices.contains(&i) {
+                indices.push(i);
+            }
+        }
+        indices.sort_unstable();
+        Ok(indices)
+    };
+    let left_cols = needed(Side::Left, left.schema(), on.iter().map(|(l, _)| l).collect())?;
+    let right_cols = needed(Side::Right, right.schema(), on.iter().map(|(_, r)| r).collect())?;
+    let left_schema = Arc::new(left.schema().project(&left_cols)?);
+    let right_schema = Arc::new(right.schema().project(&right_cols)?);
+
+    let limit = run.memory_limit.unwrap_or_else(default_memory_limit_bytes);
+    let pool: Arc<dyn MemoryPool> = Arc::new(TrackConsumersPool::new(
+        GreedyMemoryPool::new(usize::try_from(limit).unwrap_or(usize::MAX)),
+        NonZeroUsize::MIN.saturating_add(4),
+    ));
+    let spill = SpillManager::new(SpillConfig {
+        root_dir: run.spill_dir.clone(),
+        ..SpillConfig::default()
+    })
+    .context("cannot create the spill directory")?;
+    let threads = run
+        .threads
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+    let mut builder = HashJoinBuilder::new(Arc::clone(&left_schema), Arc::clone(&right_schema), on.to_vec())
+        .with_join_type(join_type)
+        .with_null_equality(null_equality)
+        .with_memory_pool(Arc::clone(&pool))
+        .with_spill_manager(spill)
+        .with_batch_size(run.batch_size)
+        .with_threads(threads);
+    if let Some(selected) = &selected {
+        builder = builder.with_projection(project(selected, &left_schema, &right_schema, sides)?);
+    }
+    let join = builder.build()?;
+
+    let left_reader = left.read(&left_cols, run.batch_size, threads)?;
+    let right_reader = right.read(&right_cols, run.batch_size, threads)?;
+    let mut writer = OutputWriter::create(output, &join.schema())?;
+    let mut stream = join.execute_partitioned(left_reader, right_reader)?;
+    let mut rows = 0u64;
+    for batch in stream.by_ref() {
+        let batch = batch?;
+        rows += batch.num_rows() as u64;
+        writer.write(&batch).context("cannot write the output")?;
+    }
+    writer.finish()?;
+    let metrics = stream.metrics();
+    let elapsed = start.elapsed();
+    if let Some(path) = &run.metrics {
+        write_metrics(path, rows, elapsed, &metrics, limit)?;
+    }
+    eprintln!(
+        "rows: {rows} elapsed: {:.3} s (build {:.3} s, probe {:.3} s; build rows {}, probe rows {}; peak reserved {:.1} MiB of {:.1} MiB)",
+        elapsed.as_secs_f64(),
+        metrics.build_time.as_secs_f64(),
+        metrics.probe_time.as_secs_f64(),
+        metrics.build_rows,
+        metrics.probe_rows,
+        metrics.peak_reserved_bytes as f64 / (1 << 20) as f64,
+        limit as f64 / (1 << 20) as f64,
+    );
+    Ok(())
+}
+
+/// Writes the figures of a finished join as a JSON object.
+fn write_metrics(
+    path: &std::path::Path,
+    output_rows: u64,
+    elapsed: std::time::Duration,
+    m: &spilljoin::JoinMetrics,
+    limit_bytes: u64,
+) -> Result<()> {
+    // A flat object of numbers: no serializer needed.
+    let json = format!(
+        "{{\n  \"output_rows\": {output_rows},\n  \"elapsed_seconds\": {:.6},\n  \"build_seconds\": {:.6},\n  \"probe_seconds\": {:.6},\n  \"build_rows\": {},\n  \"probe_rows\": {},\n  \"peak_reserved_bytes\": {},\n  \"memory_limit_bytes\": {limit_bytes}\n}}\n",
+        elapsed.as_secs_f64(),
+        m.build_time.as_secs_f64(),
+        m.probe_time.as_secs_f64(),
+        m.build_rows,
+        m.probe_rows,
+        m.peak_reserved_bytes,
+    );
+    std::fs::write(path, json).with_context(|| format!("cannot write metrics to {}", path.display()))
+}
+
+fn no_such_column(side: Side, name: &str, schema: &Schema) -> anyhow::Error {
+    let names: Vec<&str> = schema.fields().iter().map(|f| f.name().as_str()).collect();
+    anyhow::anyhow!("no column {name:?} in the {side} input (it has: {})", names.join(", "))
+}
+
+fn resolve_select(names: &[String], sides: &[Side], left: &Schema, right: &Schema) -> Result<Vec<Selected>> {
+    names
+        .iter()
+        .map(|raw| {
+            let (side, name) = match raw.split_once('.') {
+                Some(("left", name)) => (Some(Side::Left), name),
+                Some(("right", name)) => (Some(Side::Right), name),
+                _ => (None, raw.as_str()),
+            };
+            let in_left = left.index_of(name).is_ok() && sides.contains(&Side::Left);
+            let in_right = right.index_of(name).is_ok() && sides.contains(&Side::Right);
+            let side = match (side, in_left, in_right) {
+                (Some(s), _, _) if sides.contains(&s) => s,
+                (Some(s), _, _) => bail!("--select {raw}: this join type outputs no {s} columns"),
+                (None, true, true) => bail!("--select {raw} is on both sides: write left.{name} or right.{name}"),
+                (None, true, false) => Side::Left,
+                (None, false, true) => Side::Right,
+                (None, false, false) => bail!("--select {raw}: no such output column"),
+            };
+            Ok(Selected { side, name: name.to_string() })
+        })
+        .collect()
+}
+
+/// The output projection (indices into the join's full output) for the selection.
+fn project(selected: &[Selected], left: &Schema, right: &Schema, sides: &[Side]) -> Result<Vec<usize>> {
+    selected
+        .iter()
+        .map(|s| {
+            let mut offset = 0;
+            for &side in sides {
+                let schema = if side == Side::Left { left } else { right };
+                if side == s.side {
+                    return Ok(offset + schema.index_of(&s.name)?);
+                }
+                offset += schema.fields().len();
+            }
+            bail!("--select {}: not an output column", s.name)
+        })
+        .collect()
+}

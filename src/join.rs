@@ -287,6 +287,11 @@ impl HashJoin {
         self.plan.join_type
     }
 
+    /// The type of each key pair after normalization (dictionaries decoded).
+    pub fn key_types(&self) -> &[arrow_schema::DataType] {
+        &self.plan.keys.types
+    }
+
     /// Which input builds.
     pub fn build_side(&self) -> Side {
         self.plan.build_side
@@ -423,14 +428,17 @@ where
                 .fetch_max(plan.pool.reserved() as u64, Ordering::Relaxed);
         }
         sink.finish()?;
-        metrics.output_rows.fetch_add(sink.rows(), Ordering::Relaxed);
+        metrics
+            .output_rows
+            .fetch_add(sink.rows(), Ordering::Relaxed);
         Ok(())
     })?;
 
     if plan.resolved.emits_build_rows_at_end() {
         let next = std::sync::atomic::AtomicUsize::new(0);
         run_workers(plan.threads, cancel, || {
-            let mut sink = OutputSink::new(plan.output.schema.clone(), plan.batch_size, sender.clone());
+            let mut sink =
+                OutputSink::new(plan.output.schema.clone(), plan.batch_size, sender.clone());
             loop {
                 let p = next.fetch_add(1, Ordering::Relaxed);
                 if p >= built.partitions.len() {
@@ -442,7 +450,9 @@ where
                 emit_build_rows(plan, &built, &state, p, &mut sink)?;
             }
             sink.finish()?;
-            metrics.output_rows.fetch_add(sink.rows(), Ordering::Relaxed);
+            metrics
+                .output_rows
+                .fetch_add(sink.rows(), Ordering::Relaxed);
             Ok(())
         })?;
     }
@@ -473,7 +483,11 @@ impl<I: Iterator<Item = Result<RecordBatch, ArrowError>>> InputStreams<I> {
                     return Some(item);
                 }
             }
-            *current = self.queue.lock().unwrap_or_else(|p| p.into_inner()).pop_front();
+            *current = self
+                .queue
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .pop_front();
             current.as_ref()?;
         }
     }

@@ -14,7 +14,14 @@ pub const EXIT_USAGE: i32 = 2;
 
 /// Parses the arguments, runs the command, prints errors as one line.
 pub fn main() -> i32 {
-    let cli = args::Cli::parse();
+    let cli = match args::Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => {
+            // --help and --version print to stdout and succeed; the rest are usage errors.
+            let _ = e.print();
+            return if e.use_stderr() { EXIT_USAGE } else { 0 };
+        }
+    };
     let result = match cli.command {
         args::Command::Join(join) => run::join(&join),
         args::Command::Demo(demo) => demo::run(&demo),
@@ -22,10 +29,27 @@ pub fn main() -> i32 {
     match result {
         Ok(()) => 0,
         Err(e) => {
-            // One line: the error and its causes, outermost first.
-            let chain: Vec<String> = e.chain().map(|c| c.to_string()).collect();
-            eprintln!("spilljoin: error: {}", chain.join(": "));
+            eprintln!("spilljoin: error: {}", one_line(&e));
             EXIT_FAILURE
         }
     }
+}
+
+/// The error and its causes on one line, outermost first. A cause whose text its
+/// parent already includes is left out, and line breaks become spaces.
+fn one_line(e: &anyhow::Error) -> String {
+    let mut message = String::new();
+    let mut previous = String::new();
+    for cause in e.chain() {
+        let text = cause.to_string();
+        if !previous.is_empty() && previous.contains(&text) {
+            continue;
+        }
+        if !message.is_empty() {
+            message.push_str(": ");
+        }
+        message.push_str(&text);
+        previous = text;
+    }
+    message.replace(['\n', '\r'], " ")
 }

@@ -375,3 +375,40 @@ fn output_does_not_depend_on_threads_or_partitions() {
         assert_eq!(results[0], results[2], "{join_type}");
     }
 }
+
+#[test]
+fn nested_and_dictionary_payloads_are_gathered() {
+    use arrow_array::builder::{ListBuilder, StringDictionaryBuilder};
+    use arrow_array::types::Int32Type;
+    use arrow_array::StructArray;
+    let mut list = ListBuilder::new(arrow_array::builder::Int64Builder::new());
+    let mut dict = StringDictionaryBuilder::<Int32Type>::new();
+    for i in 0..4i64 {
+        list.values().append_value(i);
+        list.values().append_value(i * 10);
+        list.append(i != 2);
+        dict.append_value(format!("d{}", i % 2));
+    }
+    let list = Arc::new(list.finish()) as ArrayRef;
+    let dict = Arc::new(dict.finish()) as ArrayRef;
+    let keys = Arc::new(Int64Array::from(vec![1, 2, 3, 4])) as ArrayRef;
+    let structs = Arc::new(StructArray::from(vec![
+        (Arc::new(Field::new("a", DataType::Int64, false)), Arc::clone(&keys)),
+        (Arc::new(Field::new("b", DataType::Utf8, false)), Arc::new(StringArray::from(vec!["w", "x", "y", "z"])) as ArrayRef),
+    ])) as ArrayRef;
+    let right = RecordBatch::try_from_iter(vec![("rk", Arc::clone(&keys)), ("l", list), ("d", dict), ("s", structs)]).unwrap();
+    let left = RecordBatch::try_from_iter(vec![("lk", Arc::new(Int64Array::from(vec![4, 2, 9])) as ArrayRef)]).unwrap();
+    let out: Vec<RecordBatch> = HashJoinBuilder::new(left.schema(), right.schema(), [("lk", "rk")])
+        .with_join_type(JoinType::Left)
+        .build()
+        .unwrap()
+        .execute(vec![Ok(left)], vec![Ok(right)])
+        .unwrap()
+        .collect::<Result<_, _>>()
+        .unwrap();
+    assert_eq!(
+        rendered_rows(&out),
+        rows(&["2|2|[1, 10]|d1|{a: 2, b: x}", "4|4|[3, 30]|d1|{a: 4, b: z}", "9|∅|∅|∅|∅"])
+    );
+    assert!(out.iter().all(|b| matches!(b.column(3).data_type(), DataType::Dictionary(..))));
+}

@@ -73,7 +73,9 @@ pub(crate) fn batch_bytes(batch: &RecordBatch) -> usize {
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     // A poisoned lock means another worker panicked; that panic is reported on its
     // own (JoinError::WorkerPanicked), and the data is only read to be dropped.
-    mutex.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    mutex
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 /// Runs `worker` on `threads` threads and returns the first error.
@@ -126,7 +128,11 @@ fn panic_message(panic: &Box<dyn std::any::Any + Send>) -> String {
 }
 
 /// Reads the whole build input into partitions and builds their tables.
-pub(crate) fn build_side<I>(plan: &JoinPlan, input: Vec<I>, cancel: &AtomicBool) -> Result<BuiltSide>
+pub(crate) fn build_side<I>(
+    plan: &JoinPlan,
+    input: Vec<I>,
+    cancel: &AtomicBool,
+) -> Result<BuiltSide>
 where
     I: Iterator<Item = Result<RecordBatch, ArrowError>> + Send,
 {
@@ -135,8 +141,7 @@ where
         .with_can_spill(true)
         .register(&plan.pool);
     let input = InputStreams::new(input);
-    let buffers: Vec<Mutex<PartitionBuffer>> =
-        (0..fan_out).map(|_| Mutex::default()).collect();
+    let buffers: Vec<Mutex<PartitionBuffer>> = (0..fan_out).map(|_| Mutex::default()).collect();
     let unmatchable = Mutex::new(Vec::new());
     let reservation = Mutex::new(base.new_empty());
     let num_rows = AtomicU64::new(0);
@@ -177,13 +182,15 @@ where
             }
             let never_matches = |row: usize| plan.nulls_never_match() && keys.is_null(row);
             if keep_unmatchable && keys.nulls.is_some() && plan.nulls_never_match() {
-                let rows: UInt32Array = (0..n as u32).filter(|&r| never_matches(r as usize)).collect();
+                let rows: UInt32Array = (0..n as u32)
+                    .filter(|&r| never_matches(r as usize))
+                    .collect();
                 let kept = reserved_take(&batch, &rows, input_bytes, &mut mine)?;
                 lock(&reservation).merge(mine.split(batch_bytes(&kept)));
                 lock(&unmatchable).push(kept);
             }
             grouped.group(plan.bits, &hashes, |row| !never_matches(row));
-            for p in 0..fan_out {
+            for (p, buffer) in buffers.iter().enumerate() {
                 let rows = grouped.partition(p);
                 if rows.is_empty() {
                     continue;
@@ -194,7 +201,7 @@ where
                 mine.try_grow(fragment_hashes.capacity() * 8)?;
                 let bytes = batch_bytes(&fragment) + fragment_hashes.capacity() * 8;
                 lock(&reservation).merge(mine.split(bytes));
-                let mut buffer = lock(&buffers[p]);
+                let mut buffer = lock(buffer);
                 buffer.rows += rows.len();
                 buffer.fragments.push((fragment, fragment_hashes));
             }
@@ -204,7 +211,8 @@ where
     })?;
 
     let mut reservation = reservation.into_inner().unwrap_or_else(|p| p.into_inner());
-    let built: Vec<Mutex<Option<BuiltPartition>>> = (0..fan_out).map(|_| Mutex::default()).collect();
+    let built: Vec<Mutex<Option<BuiltPartition>>> =
+        (0..fan_out).map(|_| Mutex::default()).collect();
     let next_partition = AtomicUsize::new(0);
     let shared_reservation = Mutex::new(&mut reservation);
     run_workers(plan.threads, cancel, || loop {
@@ -221,7 +229,6 @@ where
         lock(&shared_reservation).merge(mine.take());
         *lock(&built[p]) = Some(partition);
     })?;
-    drop(shared_reservation);
     let partitions = built
         .into_iter()
         .map(|slot| {
@@ -276,13 +283,20 @@ fn finish_partition(
         .map(|(b, h)| batch_bytes(b) + h.capacity() * 8)
         .sum();
     let (batch, hashes) = match buffer.fragments.len() {
-        0 => (RecordBatch::new_empty(Arc::clone(&plan.build_schema)), Vec::new()),
-        1 => buffer.fragments.into_iter().next().map(|(b, h)| (b, h)).unwrap_or_else(|| {
-            (RecordBatch::new_empty(Arc::clone(&plan.build_schema)), Vec::new())
+        0 => (
+            RecordBatch::new_empty(Arc::clone(&plan.build_schema)),
+            Vec::new(),
+        ),
+        1 => buffer.fragments.into_iter().next().unwrap_or_else(|| {
+            (
+                RecordBatch::new_empty(Arc::clone(&plan.build_schema)),
+                Vec::new(),
+            )
         }),
         _ => {
             mine.try_grow(fragment_bytes + buffer.rows * 8)?;
-            let batch = concat_batches(&plan.build_schema, buffer.fragments.iter().map(|(b, _)| b))?;
+            let batch =
+                concat_batches(&plan.build_schema, buffer.fragments.iter().map(|(b, _)| b))?;
             let mut hashes = Vec::with_capacity(buffer.rows);
             for (_, h) in &buffer.fragments {
                 hashes.extend_from_slice(h);
@@ -312,4 +326,3 @@ fn finish_partition(
         table,
     })
 }
-

@@ -107,7 +107,9 @@ pub enum JoinError {
         right_type: DataType,
     },
     /// A key column has a type that cannot be a join key.
-    #[error("column {column} of the {side} input has type {data_type}, which cannot be a join key")]
+    #[error(
+        "column {column} of the {side} input has type {data_type}, which cannot be a join key"
+    )]
     UnsupportedKeyType {
         /// The input.
         side: Side,

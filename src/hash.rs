@@ -120,7 +120,10 @@ fn hash_values(column: &dyn Array, hashes: &mut [u64]) -> Result<()> {
     Ok(())
 }
 
-fn hash_primitive<T: ArrowPrimitiveType>(array: &arrow_array::PrimitiveArray<T>, hashes: &mut [u64]) {
+fn hash_primitive<T: ArrowPrimitiveType>(
+    array: &arrow_array::PrimitiveArray<T>,
+    hashes: &mut [u64],
+) {
     for (hash, value) in hashes.iter_mut().zip(array.values().iter()) {
         *hash = xxh3_64_with_seed(std::slice::from_ref(value).to_byte_slice(), *hash);
     }
@@ -132,7 +135,10 @@ fn hash_boolean(array: &BooleanArray, hashes: &mut [u64]) {
     }
 }
 
-fn hash_bytes<T: arrow_array::types::ByteArrayType>(array: &GenericByteArray<T>, hashes: &mut [u64]) {
+fn hash_bytes<T: arrow_array::types::ByteArrayType>(
+    array: &GenericByteArray<T>,
+    hashes: &mut [u64],
+) {
     let offsets = array.value_offsets();
     let data = array.value_data();
     for (i, hash) in hashes.iter_mut().enumerate() {
@@ -146,4 +152,3 @@ fn hash_each<'a>(hashes: &mut [u64], value: impl Fn(usize) -> &'a [u8]) {
         *hash = xxh3_64_with_seed(value(i), *hash);
     }
 }
-

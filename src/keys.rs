@@ -118,7 +118,9 @@ impl KeySpec {
         null_equality: NullEquality,
     ) -> Result<Self> {
         if on.is_empty() {
-            return Err(JoinError::InvalidJoin("a join needs at least one key pair".into()));
+            return Err(JoinError::InvalidJoin(
+                "a join needs at least one key pair".into(),
+            ));
         }
         let (mut left_columns, mut right_columns, mut types) = (vec![], vec![], vec![]);
         for (left_name, right_name) in on {
@@ -244,9 +246,9 @@ fn normalized_type(side: Side, column: &str, data_type: &DataType) -> Result<Dat
 /// Whether keys of these (normalized) types are one fixed-width word.
 fn is_word_key<'a>(mut types: impl ExactSizeIterator<Item = &'a DataType>) -> bool {
     types.len() == 1
-        && types.next().is_some_and(|t| {
-            t == &DataType::Boolean || t.primitive_width().is_some_and(|w| w <= 8)
-        })
+        && types
+            .next()
+            .is_some_and(|t| t == &DataType::Boolean || t.primitive_width().is_some_and(|w| w <= 8))
 }
 
 /// Decodes dictionaries and canonicalizes floats.
@@ -255,28 +257,32 @@ pub(crate) fn normalize(column: &ArrayRef) -> Result<ArrayRef> {
         DataType::Dictionary(_, values) => {
             normalize(&arrow_cast::cast(column.as_ref(), values.as_ref())?)?
         }
-        DataType::Float32 => Arc::new(column.as_primitive::<Float32Type>().unary::<_, Float32Type>(
-            |v| {
-                if v.is_nan() {
-                    f32::NAN
-                } else if v == 0.0 {
-                    0.0
-                } else {
-                    v
-                }
-            },
-        )),
-        DataType::Float64 => Arc::new(column.as_primitive::<Float64Type>().unary::<_, Float64Type>(
-            |v| {
-                if v.is_nan() {
-                    f64::NAN
-                } else if v == 0.0 {
-                    0.0
-                } else {
-                    v
-                }
-            },
-        )),
+        DataType::Float32 => Arc::new(
+            column
+                .as_primitive::<Float32Type>()
+                .unary::<_, Float32Type>(|v| {
+                    if v.is_nan() {
+                        f32::NAN
+                    } else if v == 0.0 {
+                        0.0
+                    } else {
+                        v
+                    }
+                }),
+        ),
+        DataType::Float64 => Arc::new(
+            column
+                .as_primitive::<Float64Type>()
+                .unary::<_, Float64Type>(|v| {
+                    if v.is_nan() {
+                        f64::NAN
+                    } else if v == 0.0 {
+                        0.0
+                    } else {
+                        v
+                    }
+                }),
+        ),
         _ => Arc::clone(column),
     })
 }

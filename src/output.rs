@@ -9,7 +9,9 @@
 use std::collections::HashSet;
 use std::sync::Arc;
 
-use arrow_array::{new_null_array, ArrayRef, BooleanArray, RecordBatch, RecordBatchOptions, UInt32Array};
+use arrow_array::{
+    new_null_array, ArrayRef, BooleanArray, RecordBatch, RecordBatchOptions, UInt32Array,
+};
 use arrow_schema::{DataType, Field, Schema, SchemaRef};
 use arrow_select::coalesce::BatchCoalescer;
 use arrow_select::take::take;
@@ -53,7 +55,12 @@ impl OutputLayout {
     ) -> Result<Self> {
         let sides = join_type.output_sides();
         let resolved = join_type.resolve(build);
-        let names = |s: &Schema| s.fields().iter().map(|f| f.name().clone()).collect::<HashSet<_>>();
+        let names = |s: &Schema| {
+            s.fields()
+                .iter()
+                .map(|f| f.name().clone())
+                .collect::<HashSet<_>>()
+        };
         let shared: HashSet<String> = if sides.len() == 2 {
             names(left).intersection(&names(right)).cloned().collect()
         } else {
@@ -65,18 +72,21 @@ impl OutputLayout {
             let schema = if side == Side::Left { left } else { right };
             // A side's columns are null-padded when the other side's unmatched rows
             // are output.
-            let padded = match (join_type, side) {
-                (JoinType::Full, _) => true,
-                (JoinType::Left, Side::Right) | (JoinType::Right, Side::Left) => true,
-                _ => false,
-            };
+            let padded = matches!(
+                (join_type, side),
+                (JoinType::Full, _) | (JoinType::Left, Side::Right) | (JoinType::Right, Side::Left)
+            );
             for (i, f) in schema.fields().iter().enumerate() {
                 let name = if shared.contains(f.name()) {
                     format!("{side}.{}", f.name())
                 } else {
                     f.name().clone()
                 };
-                fields.push(Field::new(name, f.data_type().clone(), f.is_nullable() || padded));
+                fields.push(Field::new(
+                    name,
+                    f.data_type().clone(),
+                    f.is_nullable() || padded,
+                ));
                 sources.push(if side == build {
                     Source::Build(i)
                 } else {
@@ -128,9 +138,11 @@ impl OutputLayout {
                     Source::Probe(i) => probe.map(|(b, idx)| (b.column(*i), idx)),
                     Source::Build(i) => build.map(|(b, idx)| (b.column(*i), idx)),
                     Source::Mark => {
-                        return mark.map(|m| Arc::new(m.clone()) as ArrayRef).ok_or_else(|| {
-                            JoinError::InvalidJoin("internal: mark column without marks".into())
-                        })
+                        return mark
+                            .map(|m| Arc::new(m.clone()) as ArrayRef)
+                            .ok_or_else(|| {
+                                JoinError::InvalidJoin("internal: mark column without marks".into())
+                            })
                     }
                 };
                 Ok(match from {
@@ -151,6 +163,7 @@ impl OutputLayout {
 /// the caller.
 pub(crate) struct OutputSink {
     coalescer: BatchCoalescer,
+    batch_size: usize,
     sender: Sender<Result<RecordBatch>>,
     rows: u64,
 }
@@ -158,7 +171,11 @@ pub(crate) struct OutputSink {
 impl OutputSink {
     pub fn new(schema: SchemaRef, batch_size: usize, sender: Sender<Result<RecordBatch>>) -> Self {
         Self {
-            coalescer: BatchCoalescer::new(schema, batch_size),
+            // Pieces of at least half a batch are passed on as they are rather than
+            // copied again (pair output is gathered in slices of a whole batch).
+            coalescer: BatchCoalescer::new(schema, batch_size)
+                .with_biggest_coalesce_batch_size(Some(batch_size / 2)),
+            batch_size,
             sender,
             rows: 0,
         }
@@ -169,11 +186,15 @@ impl OutputSink {
     /// # Errors
     /// [`JoinError::Cancelled`] when the caller dropped the output.
     pub fn push(&mut self, batch: RecordBatch) -> Result<()> {
-        if batch.num_rows() == 0 {
-            return Ok(());
+        // Larger pieces bypass the coalescer; slice them to the batch size first.
+        let mut offset = 0;
+        while offset < batch.num_rows() {
+            let len = self.batch_size.min(batch.num_rows() - offset);
+            self.coalescer.push_batch(batch.slice(offset, len))?;
+            self.send_completed()?;
+            offset += len;
         }
-        self.coalescer.push_batch(batch)?;
-        self.send_completed()
+        Ok(())
     }
 
     /// Sends what is buffered.

@@ -36,7 +36,10 @@ impl HashBits {
     /// # Panics
     /// If `bits` is more than [`MAX_PARTITION_BITS`].
     pub fn new(bits: u32) -> Self {
-        assert!(bits <= MAX_PARTITION_BITS, "{bits} partition bits is too many");
+        assert!(
+            bits <= MAX_PARTITION_BITS,
+            "{bits} partition bits is too many"
+        );
         Self { skip: 0, bits }
     }
 
@@ -80,12 +83,7 @@ pub struct PartitionedRows {
 
 impl PartitionedRows {
     /// Groups the rows for which `include(row)` holds by the partition of their hash.
-    pub fn group(
-        &mut self,
-        bits: HashBits,
-        hashes: &[u64],
-        include: impl Fn(usize) -> bool,
-    ) {
+    pub fn group(&mut self, bits: HashBits, hashes: &[u64], include: impl Fn(usize) -> bool) {
         let fan_out = bits.fan_out();
         self.offsets.clear();
         self.offsets.resize(fan_out + 1, 0);
@@ -140,14 +138,18 @@ mod tests {
     #[test]
     fn grouping_is_a_stable_counting_sort() {
         let bits = HashBits::new(2);
-        let hashes: Vec<u64> = (0..100u64).map(|i| i.wrapping_mul(0x9E37_79B9_7F4A_7C15)).collect();
+        let hashes: Vec<u64> = (0..100u64)
+            .map(|i| i.wrapping_mul(0x9E37_79B9_7F4A_7C15))
+            .collect();
         let mut grouped = PartitionedRows::default();
         grouped.group(bits, &hashes, |row| row % 10 != 0);
         assert_eq!(grouped.rows.len(), 90);
         for p in 0..4 {
             let rows = grouped.partition(p);
             assert!(rows.windows(2).all(|w| w[0] < w[1]));
-            assert!(rows.iter().all(|&r| bits.partition_of(hashes[r as usize]) == p && r % 10 != 0));
+            assert!(rows
+                .iter()
+                .all(|&r| bits.partition_of(hashes[r as usize]) == p && r % 10 != 0));
         }
     }
 }

@@ -77,7 +77,11 @@ pub(crate) struct ProbeState {
 
 impl ProbeState {
     /// Fresh state for probing `built`; visited bits are reserved in `reservation`.
-    pub fn new(plan: &JoinPlan, built: &BuiltSide, mut reservation: MemoryReservation) -> Result<Self> {
+    pub fn new(
+        plan: &JoinPlan,
+        built: &BuiltSide,
+        mut reservation: MemoryReservation,
+    ) -> Result<Self> {
         let visited = if plan.resolved.tracks_visited_build_rows() {
             let bytes = built
                 .partitions
@@ -182,8 +186,14 @@ impl<'a> Prober<'a> {
         let part = &self.built.partitions[p];
         match (&keys.repr, &part.keys) {
             (
-                KeyRepr::Words { words: pw, valid: pv },
-                KeyRepr::Words { words: bw, valid: bv },
+                KeyRepr::Words {
+                    words: pw,
+                    valid: pv,
+                },
+                KeyRepr::Words {
+                    words: bw,
+                    valid: bv,
+                },
             ) => {
                 if self.plan.keys.null_equality == NullEquality::NullEqualsNull
                     && (pv.is_some() || bv.is_some())
@@ -196,12 +206,28 @@ impl<'a> Prober<'a> {
                     };
                     self.lookup(batch, part, p, &eq, sink)
                 } else {
-                    self.lookup(batch, part, p, &WordEq { probe: pw, build: bw }, sink)
+                    self.lookup(
+                        batch,
+                        part,
+                        p,
+                        &WordEq {
+                            probe: pw,
+                            build: bw,
+                        },
+                        sink,
+                    )
                 }
             }
-            (KeyRepr::Rows(pr), KeyRepr::Rows(br)) => {
-                self.lookup(batch, part, p, &RowsEq { probe: pr, build: br }, sink)
-            }
+            (KeyRepr::Rows(pr), KeyRepr::Rows(br)) => self.lookup(
+                batch,
+                part,
+                p,
+                &RowsEq {
+                    probe: pr,
+                    build: br,
+                },
+                sink,
+            ),
             _ => Err(crate::error::JoinError::InvalidJoin(
                 "internal: build and probe keys differ in representation".into(),
             )),
@@ -327,7 +353,12 @@ impl<'a> Prober<'a> {
     }
 
     /// Outputs the probe rows that the join type keeps once the whole batch is probed.
-    fn emit_probe_rows(&self, batch: &RecordBatch, keys: &Keys, sink: &mut OutputSink) -> Result<()> {
+    fn emit_probe_rows(
+        &self,
+        batch: &RecordBatch,
+        keys: &Keys,
+        sink: &mut OutputSink,
+    ) -> Result<()> {
         let n = batch.num_rows();
         let output = &self.plan.output;
         let select = |keep: &dyn Fn(usize) -> bool| -> UInt32Array {
@@ -392,7 +423,7 @@ pub(crate) fn emit_build_rows(
         BuildJoinType::BuildNotIn => Box::new(|r| !visited(r)),
         _ => return Ok(()),
     };
-    emit_rows(plan, &part.batch, |r| keep(r), |r| visited(r), sink)?;
+    emit_rows(plan, &part.batch, keep, visited, sink)?;
     // Rows whose key can never match: unmatched by definition.
     if p == 0 {
         let keep_unmatchable = match resolved {
@@ -419,12 +450,19 @@ fn emit_rows(
     let batch_size = plan.batch_size;
     for start in (0..n).step_by(batch_size.max(1)) {
         let end = (start + batch_size).min(n);
-        let rows: UInt32Array = (start as u32..end as u32).filter(|&r| keep(r as usize)).collect();
+        let rows: UInt32Array = (start as u32..end as u32)
+            .filter(|&r| keep(r as usize))
+            .collect();
         if rows.is_empty() {
             continue;
         }
         let marks = (plan.resolved == BuildJoinType::BuildMark).then(|| {
-            BooleanArray::from(rows.values().iter().map(|&r| mark(r as usize)).collect::<Vec<_>>())
+            BooleanArray::from(
+                rows.values()
+                    .iter()
+                    .map(|&r| mark(r as usize))
+                    .collect::<Vec<_>>(),
+            )
         });
         let out = plan
             .output

@@ -43,7 +43,10 @@ impl ChainedTable {
     /// # Panics
     /// If there are more than [`MAX_TABLE_ROWS`] rows; callers split partitions first.
     pub fn build(hashes: &[u64], insert: impl Fn(usize) -> bool) -> Self {
-        assert!(hashes.len() <= MAX_TABLE_ROWS, "partition too large for one table");
+        assert!(
+            hashes.len() <= MAX_TABLE_ROWS,
+            "partition too large for one table"
+        );
         let bucket_count = Self::bucket_count(hashes.len());
         let mask = bucket_count as u64 - 1;
         let mut buckets = vec![0u32; bucket_count];

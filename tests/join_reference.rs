@@ -37,8 +37,14 @@ fn random_case(case: u64) -> (u64, Case) {
     let (seed, mut rng) = rng_for(case);
     let join_type = JoinType::ALL[rng.random_range(0..JoinType::ALL.len())];
     let types = key_types();
-    let num_keys = if join_type.is_null_aware() { 1 } else { rng.random_range(1..=2) };
-    let chosen: Vec<DataType> = (0..num_keys).map(|_| types[rng.random_range(0..types.len())].clone()).collect();
+    let num_keys = if join_type.is_null_aware() {
+        1
+    } else {
+        rng.random_range(1..=2)
+    };
+    let chosen: Vec<DataType> = (0..num_keys)
+        .map(|_| types[rng.random_range(0..types.len())].clone())
+        .collect();
     let domain = [1, 2, 5, 20, 1000][rng.random_range(0..5)];
     let null_rate = [0.0, 0.0, 0.1, 0.5, 1.0][rng.random_range(0..5)];
     let size = |rng: &mut rand::rngs::StdRng| [0, 1, 3, 17, 40, 90][rng.random_range(0..6)];
@@ -85,7 +91,14 @@ fn run_case(case: u64) {
             c.right.num_rows(),
         )
     };
-    let expected = reference_join(&c.left, &c.right, &c.keys, c.join_type, c.filter, c.null_equality);
+    let expected = reference_join(
+        &c.left,
+        &c.right,
+        &c.keys,
+        c.join_type,
+        c.filter,
+        c.null_equality,
+    );
     let pool: Arc<dyn MemoryPool> = Arc::new(GreedyMemoryPool::new(1 << 30));
     let (ls, rs) = (c.left.schema(), c.right.schema());
     let on: Vec<(String, String)> = c
@@ -103,24 +116,45 @@ fn run_case(case: u64) {
     if c.filter {
         builder = builder.with_filter(less_than_filter(&ls, &rs));
     }
-    let join = builder.build().unwrap_or_else(|e| panic!("{e}\n{}", context()));
+    let join = builder
+        .build()
+        .unwrap_or_else(|e| panic!("{e}\n{}", context()));
     let (mut lrng, mut rrng) = (rng_for(case ^ 1).1, rng_for(case ^ 2).1);
-    let left_batches: Vec<_> = split(&mut lrng, &c.left, c.input_rows).into_iter().map(Ok).collect();
-    let right_batches: Vec<_> = split(&mut rrng, &c.right, c.input_rows).into_iter().map(Ok).collect();
+    let left_batches: Vec<_> = split(&mut lrng, &c.left, c.input_rows)
+        .into_iter()
+        .map(Ok)
+        .collect();
+    let right_batches: Vec<_> = split(&mut rrng, &c.right, c.input_rows)
+        .into_iter()
+        .map(Ok)
+        .collect();
     let output: Vec<RecordBatch> = join
         .execute(left_batches, right_batches)
         .unwrap()
         .collect::<Result<_, _>>()
         .unwrap_or_else(|e| panic!("{e}\n{}", context()));
     for b in &output {
-        assert!(b.num_rows() <= c.batch_size, "batch of {} rows\n{}", b.num_rows(), context());
+        assert!(
+            b.num_rows() <= c.batch_size,
+            "batch of {} rows\n{}",
+            b.num_rows(),
+            context()
+        );
         assert!(b.num_rows() > 0, "empty output batch\n{}", context());
         assert_eq!(b.schema(), join.schema(), "{}", context());
     }
     let actual = rendered_rows(&output);
     if actual != expected {
-        let missing: Vec<_> = expected.iter().filter(|r| !actual.contains(r)).take(5).collect();
-        let extra: Vec<_> = actual.iter().filter(|r| !expected.contains(r)).take(5).collect();
+        let missing: Vec<_> = expected
+            .iter()
+            .filter(|r| !actual.contains(r))
+            .take(5)
+            .collect();
+        let extra: Vec<_> = actual
+            .iter()
+            .filter(|r| !expected.contains(r))
+            .take(5)
+            .collect();
         panic!(
             "{} rows, expected {}\nmissing (first 5): {missing:#?}\nextra (first 5): {extra:#?}\n{}",
             actual.len(),
@@ -128,16 +162,27 @@ fn run_case(case: u64) {
             context()
         );
     }
-    assert_eq!(pool.reserved(), 0, "reservations left after the join\n{}", context());
+    assert_eq!(
+        pool.reserved(),
+        0,
+        "reservations left after the join\n{}",
+        context()
+    );
 }
 
 #[test]
 fn random_joins_match_the_reference() {
-    if let Some(case) = std::env::var("SPILLJOIN_CASE").ok().and_then(|s| s.parse().ok()) {
+    if let Some(case) = std::env::var("SPILLJOIN_CASE")
+        .ok()
+        .and_then(|s| s.parse().ok())
+    {
         run_case(case);
         return;
     }
-    let cases = std::env::var("SPILLJOIN_CASES").ok().and_then(|s| s.parse().ok()).unwrap_or(DEFAULT_CASES);
+    let cases = std::env::var("SPILLJOIN_CASES")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(DEFAULT_CASES);
     for case in 0..cases {
         run_case(case);
     }
@@ -152,7 +197,14 @@ fn every_join_type_with_every_key_type() {
             let (_, mut rng) = rng_for((t * 100 + j) as u64 + 1_000_000);
             let left = side(&mut rng, "l", std::slice::from_ref(&data_type), 30, 8, 0.15);
             let right = side(&mut rng, "r", std::slice::from_ref(&data_type), 25, 8, 0.15);
-            let expected = reference_join(&left, &right, &[(0, 0)], join_type, false, NullEquality::NullEqualsNothing);
+            let expected = reference_join(
+                &left,
+                &right,
+                &[(0, 0)],
+                join_type,
+                false,
+                NullEquality::NullEqualsNothing,
+            );
             let join = HashJoinBuilder::new(left.schema(), right.schema(), [("lk0", "rk0")])
                 .with_join_type(join_type)
                 .with_batch_size(7)
@@ -164,7 +216,11 @@ fn every_join_type_with_every_key_type() {
                 .unwrap()
                 .collect::<Result<_, _>>()
                 .unwrap();
-            assert_eq!(rendered_rows(&output), expected, "{join_type} on {data_type}");
+            assert_eq!(
+                rendered_rows(&output),
+                expected,
+                "{join_type} on {data_type}"
+            );
         }
     }
 }

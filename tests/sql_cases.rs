@@ -393,11 +393,27 @@ fn nested_and_dictionary_payloads_are_gathered() {
     let dict = Arc::new(dict.finish()) as ArrayRef;
     let keys = Arc::new(Int64Array::from(vec![1, 2, 3, 4])) as ArrayRef;
     let structs = Arc::new(StructArray::from(vec![
-        (Arc::new(Field::new("a", DataType::Int64, false)), Arc::clone(&keys)),
-        (Arc::new(Field::new("b", DataType::Utf8, false)), Arc::new(StringArray::from(vec!["w", "x", "y", "z"])) as ArrayRef),
+        (
+            Arc::new(Field::new("a", DataType::Int64, false)),
+            Arc::clone(&keys),
+        ),
+        (
+            Arc::new(Field::new("b", DataType::Utf8, false)),
+            Arc::new(StringArray::from(vec!["w", "x", "y", "z"])) as ArrayRef,
+        ),
     ])) as ArrayRef;
-    let right = RecordBatch::try_from_iter(vec![("rk", Arc::clone(&keys)), ("l", list), ("d", dict), ("s", structs)]).unwrap();
-    let left = RecordBatch::try_from_iter(vec![("lk", Arc::new(Int64Array::from(vec![4, 2, 9])) as ArrayRef)]).unwrap();
+    let right = RecordBatch::try_from_iter(vec![
+        ("rk", Arc::clone(&keys)),
+        ("l", list),
+        ("d", dict),
+        ("s", structs),
+    ])
+    .unwrap();
+    let left = RecordBatch::try_from_iter(vec![(
+        "lk",
+        Arc::new(Int64Array::from(vec![4, 2, 9])) as ArrayRef,
+    )])
+    .unwrap();
     let out: Vec<RecordBatch> = HashJoinBuilder::new(left.schema(), right.schema(), [("lk", "rk")])
         .with_join_type(JoinType::Left)
         .build()
@@ -408,7 +424,13 @@ fn nested_and_dictionary_payloads_are_gathered() {
         .unwrap();
     assert_eq!(
         rendered_rows(&out),
-        rows(&["2|2|[1, 10]|d1|{a: 2, b: x}", "4|4|[3, 30]|d1|{a: 4, b: z}", "9|∅|∅|∅|∅"])
+        rows(&[
+            "2|2|[1, 10]|d1|{a: 2, b: x}",
+            "4|4|[3, 30]|d1|{a: 4, b: z}",
+            "9|∅|∅|∅|∅"
+        ])
     );
-    assert!(out.iter().all(|b| matches!(b.column(3).data_type(), DataType::Dictionary(..))));
+    assert!(out
+        .iter()
+        .all(|b| matches!(b.column(3).data_type(), DataType::Dictionary(..))));
 }

@@ -33,14 +33,14 @@ pub struct RunArgs {
     /// Directory for spill files [default: the system temp dir].
     #[arg(long)]
     pub spill_dir: Option<PathBuf>,
-    /// Worker threads [default: all cores].
-    #[arg(long)]
+    /// Worker threads, at least 1 [default: all cores].
+    #[arg(long, value_parser = parse_positive)]
     pub threads: Option<usize>,
     /// Write the join's figures (rows, times, memory) here as JSON.
     #[arg(long)]
     pub metrics: Option<PathBuf>,
-    /// Rows per batch, read and written.
-    #[arg(long, default_value_t = spilljoin::DEFAULT_BATCH_SIZE_ROWS)]
+    /// Rows per batch, read and written (at least 1).
+    #[arg(long, default_value_t = spilljoin::DEFAULT_BATCH_SIZE_ROWS, value_parser = parse_positive)]
     pub batch_size: usize,
 }
 
@@ -92,6 +92,14 @@ pub struct DemoArgs {
 
 fn parse_size(s: &str) -> Result<u64, String> {
     parse_size::parse_size(s).map_err(|e| format!("{e} (try 512MiB, 2GB or 1.5GiB)"))
+}
+
+fn parse_positive(s: &str) -> Result<usize, String> {
+    match s.parse::<usize>() {
+        Ok(0) => Err("must be at least 1".into()),
+        Ok(n) => Ok(n),
+        Err(e) => Err(e.to_string()),
+    }
 }
 
 fn parse_on(s: &str) -> Result<Vec<(String, String)>, String> {

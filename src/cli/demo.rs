@@ -10,7 +10,9 @@ use std::path::Path;
 use std::sync::Arc;
 
 use anyhow::{Context, Result};
-use arrow_array::{ArrayRef, Date32Array, Float64Array, Int32Array, Int64Array, RecordBatch, StringArray};
+use arrow_array::{
+    ArrayRef, Date32Array, Float64Array, Int32Array, Int64Array, RecordBatch, StringArray,
+};
 use arrow_schema::{DataType, Field, Schema};
 use parquet::arrow::ArrowWriter;
 use spilljoin::{JoinType, NullEquality};
@@ -38,14 +40,17 @@ impl SplitMix {
 }
 
 const SHIP_MODES: [&str; 7] = ["AIR", "FOB", "MAIL", "RAIL", "REG AIR", "SHIP", "TRUCK"];
-const WORDS: [&str; 8] = ["quick", "final", "pending", "ironic", "express", "regular", "bold", "careful"];
+const WORDS: [&str; 8] = [
+    "quick", "final", "pending", "ironic", "express", "regular", "bold", "careful",
+];
 
 /// Runs the demo.
 pub fn run(args: &DemoArgs) -> Result<()> {
     let temp;
     let dir = match &args.dir {
         Some(dir) => {
-            std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+            std::fs::create_dir_all(dir)
+                .with_context(|| format!("cannot create {}", dir.display()))?;
             dir.clone()
         }
         None => {
@@ -60,7 +65,11 @@ pub fn run(args: &DemoArgs) -> Result<()> {
         args.orders,
         dir.display()
     );
-    eprintln!("demo: spilljoin join --left {} --right {} --on l_orderkey=o_orderkey", lineitem.display(), orders.display());
+    eprintln!(
+        "demo: spilljoin join --left {} --right {} --on l_orderkey=o_orderkey",
+        lineitem.display(),
+        orders.display()
+    );
     run_join(
         &ParquetInput::open(&lineitem)?,
         &ParquetInput::open(&orders)?,
@@ -89,7 +98,8 @@ fn generate(orders_path: &Path, lineitem_path: &Path, orders: usize) -> Result<u
         Field::new("l_extendedprice", DataType::Float64, false),
         Field::new("l_shipmode", DataType::Utf8, false),
     ]));
-    let create = |p: &Path| File::create(p).with_context(|| format!("cannot create {}", p.display()));
+    let create =
+        |p: &Path| File::create(p).with_context(|| format!("cannot create {}", p.display()));
     let mut ow = ArrowWriter::try_new(create(orders_path)?, Arc::clone(&orders_schema), None)?;
     let mut lw = ArrowWriter::try_new(create(lineitem_path)?, Arc::clone(&lineitem_schema), None)?;
     let mut rng = SplitMix(42);
@@ -105,7 +115,11 @@ fn generate(orders_path: &Path, lineitem_path: &Path, orders: usize) -> Result<u
             oc.push(rng.below(orders as u64 / 10 + 1) as i64 + 1);
             op.push(rng.below(50_000_000) as f64 / 100.0);
             od.push(8035 + rng.below(2400) as i32);
-            ocm.push(format!("{} {} requests", WORDS[rng.below(8) as usize], WORDS[rng.below(8) as usize]));
+            ocm.push(format!(
+                "{} {} requests",
+                WORDS[rng.below(8) as usize],
+                WORDS[rng.below(8) as usize]
+            ));
             for line in 1..=(1 + rng.below(7)) as i32 {
                 lk.push(key);
                 ln.push(line);
@@ -130,7 +144,10 @@ fn generate(orders_path: &Path, lineitem_path: &Path, orders: usize) -> Result<u
             Arc::new(Float64Array::from(lp)),
             Arc::new(StringArray::from(lm)),
         ];
-        lw.write(&RecordBatch::try_new(Arc::clone(&lineitem_schema), columns)?)?;
+        lw.write(&RecordBatch::try_new(
+            Arc::clone(&lineitem_schema),
+            columns,
+        )?)?;
     }
     ow.close()?;
     lw.close()?;

@@ -30,6 +30,11 @@ impl ParquetInput {
         })
     }
 
+    /// The file's path.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
     /// The file's schema.
     pub fn schema(&self) -> &SchemaRef {
         &self.schema
@@ -39,9 +44,15 @@ impl ParquetInput {
     /// in order), each over a contiguous run of row groups with about the same number
     /// of rows, so that several threads can decode at once. Parquet decodes nothing
     /// but those columns.
-    pub fn read(&self, columns: &[usize], batch_size: usize, parts: usize) -> Result<Vec<ParquetRecordBatchReader>> {
+    pub fn read(
+        &self,
+        columns: &[usize],
+        batch_size: usize,
+        parts: usize,
+    ) -> Result<Vec<ParquetRecordBatchReader>> {
         let open = || -> Result<ParquetRecordBatchReaderBuilder<File>> {
-            let file = File::open(&self.path).with_context(|| format!("cannot open {}", self.path.display()))?;
+            let file = File::open(&self.path)
+                .with_context(|| format!("cannot open {}", self.path.display()))?;
             Ok(ParquetRecordBatchReaderBuilder::try_new(file)?)
         };
         let builder = open()?;
@@ -55,7 +66,9 @@ impl ParquetInput {
                 groups.push(Vec::new());
                 rows_in_last = 0;
             }
-            groups.last_mut().map(|last| last.push(i));
+            if let Some(last) = groups.last_mut() {
+                last.push(i);
+            }
             rows_in_last += g.num_rows();
         }
         groups
@@ -91,19 +104,32 @@ impl OutputWriter {
         let Some(path) = path else {
             return Ok(Self::Count);
         };
-        let ext = path.extension().and_then(|e| e.to_str()).unwrap_or("").to_ascii_lowercase();
-        let open = || File::create(path).with_context(|| format!("cannot create {}", path.display()));
+        let ext = path
+            .extension()
+            .and_then(|e| e.to_str())
+            .unwrap_or("")
+            .to_ascii_lowercase();
+        let open =
+            || File::create(path).with_context(|| format!("cannot create {}", path.display()));
         Ok(match ext.as_str() {
             "parquet" => {
                 let props = WriterProperties::builder()
                     .set_compression(Compression::ZSTD(ZstdLevel::default()))
                     .build();
-                Self::Parquet(ArrowWriter::try_new(open()?, Arc::clone(schema), Some(props))?)
+                Self::Parquet(ArrowWriter::try_new(
+                    open()?,
+                    Arc::clone(schema),
+                    Some(props),
+                )?)
             }
             "arrow" | "ipc" | "feather" => {
                 Self::Arrow(arrow_ipc::writer::FileWriter::try_new(open()?, schema)?)
             }
-            "csv" => Self::Csv(arrow_csv::WriterBuilder::new().with_header(true).build(open()?)),
+            "csv" => Self::Csv(
+                arrow_csv::WriterBuilder::new()
+                    .with_header(true)
+                    .build(open()?),
+            ),
             other => bail!(
                 "cannot tell the output format of {} from {other:?}: use .parquet, .arrow or .csv",
                 path.display()
@@ -115,7 +141,9 @@ impl OutputWriter {
     pub fn write(&mut self, batch: &RecordBatch) -> Result<(), ArrowError> {
         match self {
             Self::Count => Ok(()),
-            Self::Parquet(w) => w.write(batch).map_err(|e| ArrowError::ExternalError(Box::new(e))),
+            Self::Parquet(w) => w
+                .write(batch)
+                .map_err(|e| ArrowError::ExternalError(Box::new(e))),
             Self::Arrow(w) => w.write(batch),
             Self::Csv(w) => w.write(batch),
         }

@@ -1,22 +1,28 @@
 //! `spilljoin join`: resolve columns, run the join, write or count the output.
 
 use std::num::NonZeroUsize;
+use std::path::Path;
 use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
-use arrow_schema::{Schema, SchemaRef};
-use spilljoin::memory::{default_memory_limit_bytes, GreedyMemoryPool, MemoryPool, TrackConsumersPool};
+use arrow_array::RecordBatch;
+use arrow_schema::{Field, Schema, SchemaRef};
+use spilljoin::memory::{
+    default_memory_limit_bytes, GreedyMemoryPool, MemoryPool, TrackConsumersPool,
+};
 use spilljoin::spill::{SpillConfig, SpillManager};
-use spilljoin::{HashJoinBuilder, JoinType, NullEquality, Side};
+use spilljoin::{HashJoinBuilder, JoinStream, JoinType, NullEquality, Side, MARK_COLUMN};
 
 use super::args::{JoinArgs, RunArgs};
 use super::io::{OutputWriter, ParquetInput};
 
 /// A column the user named for the output.
-struct Selected {
-    side: Side,
-    name: String,
+enum Selected {
+    /// A column of one input.
+    Column { side: Side, name: String },
+    /// The `mark` column of a mark join.
+    Mark,
 }
 
 /// Runs `spilljoin join`.
@@ -50,25 +56,32 @@ pub fn run_join(
     join_type: JoinType,
     null_equality: NullEquality,
     select: Option<&[String]>,
-    output: Option<&std::path::Path>,
+    output: Option<&Path>,
     run: &RunArgs,
 ) -> Result<()> {
     let start = Instant::now();
     let sides = join_type.output_sides();
     let selected = select
-        .map(|names| resolve_select(names, sides, left.schema(), right.schema()))
+        .map(|names| resolve_select(names, join_type, left.schema(), right.schema()))
         .transpose()?;
     // Columns each side must decode: its keys, then what the output needs.
     let needed = |side: Side, schema: &SchemaRef, keys: Vec<&String>| -> Result<Vec<usize>> {
         let mut names: Vec<&str> = keys.iter().map(|s| s.as_str()).collect();
         match &selected {
-            Some(sel) => names.extend(sel.iter().filter(|s| s.side == side).map(|s| s.name.as_str())),
-            None if sides.contains(&side) => names.extend(schema.fields().iter().map(|f| f.name().as_str())),
+            Some(sel) => names.extend(sel.iter().filter_map(|s| match s {
+                Selected::Column { side: s, name } if *s == side => Some(name.as_str()),
+                _ => None,
+            })),
+            None if sides.contains(&side) => {
+                names.extend(schema.fields().iter().map(|f| f.name().as_str()))
+            }
             None => {}
         }
         let mut indices = Vec::new();
         for name in names {
-            let i = schema.index_of(name).map_err(|_| no_such_column(side, name, schema))?;
+            let i = schema
+                .index_of(name)
+                .map_err(|_| no_such_column(side, name, schema))?;
             if !indices.contains(&i) {
                 indices.push(i);
             }
@@ -76,8 +89,16 @@ pub fn run_join(
         indices.sort_unstable();
         Ok(indices)
     };
-    let left_cols = needed(Side::Left, left.schema(), on.iter().map(|(l, _)| l).collect())?;
-    let right_cols = needed(Side::Right, right.schema(), on.iter().map(|(_, r)| r).collect())?;
+    let left_cols = needed(
+        Side::Left,
+        left.schema(),
+        on.iter().map(|(l, _)| l).collect(),
+    )?;
+    let right_cols = needed(
+        Side::Right,
+        right.schema(),
+        on.iter().map(|(_, r)| r).collect(),
+    )?;
     let left_schema = Arc::new(left.schema().project(&left_cols)?);
     let right_schema = Arc::new(right.schema().project(&right_cols)?);
 
@@ -94,29 +115,51 @@ pub fn run_join(
     let threads = run
         .threads
         .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
-    let mut builder = HashJoinBuilder::new(Arc::clone(&left_schema), Arc::clone(&right_schema), on.to_vec())
-        .with_join_type(join_type)
-        .with_null_equality(null_equality)
-        .with_memory_pool(Arc::clone(&pool))
-        .with_spill_manager(spill)
-        .with_batch_size(run.batch_size)
-        .with_threads(threads);
+    let mut builder = HashJoinBuilder::new(
+        Arc::clone(&left_schema),
+        Arc::clone(&right_schema),
+        on.to_vec(),
+    )
+    .with_join_type(join_type)
+    .with_null_equality(null_equality)
+    .with_memory_pool(Arc::clone(&pool))
+    .with_spill_manager(spill)
+    .with_batch_size(run.batch_size)
+    .with_threads(threads);
     if let Some(selected) = &selected {
         builder = builder.with_projection(project(selected, &left_schema, &right_schema, sides)?);
     }
     let join = builder.build()?;
+    // The join names columns by what was decoded; selected columns keep the names they
+    // have in the full output (`left.NAME` for a name both inputs have).
+    let renamed = selected.as_ref().map(|selected| {
+        Arc::new(output_schema(
+            &join.schema(),
+            selected,
+            sides,
+            left.schema(),
+            right.schema(),
+        ))
+    });
+    let schema = renamed.clone().unwrap_or_else(|| join.schema());
 
+    if let Some(path) = output {
+        refuse_to_overwrite(path, &[left, right])?;
+    }
     let left_reader = left.read(&left_cols, run.batch_size, threads)?;
     let right_reader = right.read(&right_cols, run.batch_size, threads)?;
-    let mut writer = OutputWriter::create(output, &join.schema())?;
+    let writer = OutputWriter::create(output, &schema)?;
     let mut stream = join.execute_partitioned(left_reader, right_reader)?;
-    let mut rows = 0u64;
-    for batch in stream.by_ref() {
-        let batch = batch?;
-        rows += batch.num_rows() as u64;
-        writer.write(&batch).context("cannot write the output")?;
-    }
-    writer.finish()?;
+    let rows = match write_all(&mut stream, writer, renamed.as_ref()) {
+        Ok(rows) => rows,
+        Err(e) => {
+            // Leave no partial output behind.
+            if let Some(path) = output {
+                let _ = std::fs::remove_file(path);
+            }
+            return Err(e);
+        }
+    };
     let metrics = stream.metrics();
     let elapsed = start.elapsed();
     if let Some(path) = &run.metrics {
@@ -132,6 +175,43 @@ pub fn run_join(
         metrics.peak_reserved_bytes as f64 / (1 << 20) as f64,
         limit as f64 / (1 << 20) as f64,
     );
+    Ok(())
+}
+
+/// Writes (or counts) every output batch, under `schema`'s column names if given,
+/// and finishes the file. Returns the rows.
+fn write_all(
+    stream: &mut JoinStream,
+    mut writer: OutputWriter,
+    schema: Option<&SchemaRef>,
+) -> Result<u64> {
+    let mut rows = 0u64;
+    for batch in stream.by_ref() {
+        let mut batch = batch?;
+        if let Some(schema) = schema {
+            batch = RecordBatch::try_new(Arc::clone(schema), batch.columns().to_vec())?;
+        }
+        rows += batch.num_rows() as u64;
+        writer.write(&batch).context("cannot write the output")?;
+    }
+    writer.finish().context("cannot write the output")?;
+    Ok(rows)
+}
+
+/// Fails if `output` is one of the inputs: creating it would truncate the input
+/// before it is read.
+fn refuse_to_overwrite(output: &Path, inputs: &[&ParquetInput]) -> Result<()> {
+    let Ok(output_path) = std::fs::canonicalize(output) else {
+        return Ok(()); // It does not exist yet.
+    };
+    for input in inputs {
+        if std::fs::canonicalize(input.path()).is_ok_and(|p| p == output_path) {
+            bail!(
+                "--output {} is an input of the join: writing it would destroy the input",
+                output.display()
+            );
+        }
+    }
     Ok(())
 }
 
@@ -153,15 +233,25 @@ fn write_metrics(
         m.probe_rows,
         m.peak_reserved_bytes,
     );
-    std::fs::write(path, json).with_context(|| format!("cannot write metrics to {}", path.display()))
+    std::fs::write(path, json)
+        .with_context(|| format!("cannot write metrics to {}", path.display()))
 }
 
 fn no_such_column(side: Side, name: &str, schema: &Schema) -> anyhow::Error {
     let names: Vec<&str> = schema.fields().iter().map(|f| f.name().as_str()).collect();
-    anyhow::anyhow!("no column {name:?} in the {side} input (it has: {})", names.join(", "))
+    anyhow::anyhow!(
+        "no column {name:?} in the {side} input (it has: {})",
+        names.join(", ")
+    )
 }
 
-fn resolve_select(names: &[String], sides: &[Side], left: &Schema, right: &Schema) -> Result<Vec<Selected>> {
+fn resolve_select(
+    names: &[String],
+    join_type: JoinType,
+    left: &Schema,
+    right: &Schema,
+) -> Result<Vec<Selected>> {
+    let sides = join_type.output_sides();
     names
         .iter()
         .map(|raw| {
@@ -170,35 +260,99 @@ fn resolve_select(names: &[String], sides: &[Side], left: &Schema, right: &Schem
                 Some(("right", name)) => (Some(Side::Right), name),
                 _ => (None, raw.as_str()),
             };
+            // In a mark join, `mark` is the mark column (`left.mark` a left column).
+            if side.is_none() && name == MARK_COLUMN && join_type == JoinType::LeftMark {
+                return Ok(Selected::Mark);
+            }
             let in_left = left.index_of(name).is_ok() && sides.contains(&Side::Left);
             let in_right = right.index_of(name).is_ok() && sides.contains(&Side::Right);
             let side = match (side, in_left, in_right) {
-                (Some(s), _, _) if sides.contains(&s) => s,
-                (Some(s), _, _) => bail!("--select {raw}: this join type outputs no {s} columns"),
-                (None, true, true) => bail!("--select {raw} is on both sides: write left.{name} or right.{name}"),
+                (Some(s), _, _) if !sides.contains(&s) => {
+                    bail!("--select {raw}: this join type outputs no {s} columns")
+                }
+                (Some(Side::Left), false, _) => {
+                    return Err(no_such_column(Side::Left, name, left))
+                        .with_context(|| format!("--select {raw}"));
+                }
+                (Some(Side::Right), _, false) => {
+                    return Err(no_such_column(Side::Right, name, right))
+                        .with_context(|| format!("--select {raw}"));
+                }
+                (Some(s), _, _) => s,
+                (None, true, true) => {
+                    bail!("--select {raw} is on both sides: write left.{name} or right.{name}")
+                }
                 (None, true, false) => Side::Left,
                 (None, false, true) => Side::Right,
                 (None, false, false) => bail!("--select {raw}: no such output column"),
             };
-            Ok(Selected { side, name: name.to_string() })
+            Ok(Selected::Column {
+                side,
+                name: name.to_string(),
+            })
         })
         .collect()
 }
 
 /// The output projection (indices into the join's full output) for the selection.
-fn project(selected: &[Selected], left: &Schema, right: &Schema, sides: &[Side]) -> Result<Vec<usize>> {
+fn project(
+    selected: &[Selected],
+    left: &Schema,
+    right: &Schema,
+    sides: &[Side],
+) -> Result<Vec<usize>> {
     selected
         .iter()
         .map(|s| {
             let mut offset = 0;
             for &side in sides {
                 let schema = if side == Side::Left { left } else { right };
-                if side == s.side {
-                    return Ok(offset + schema.index_of(&s.name)?);
+                match s {
+                    Selected::Column { side: s, name } if *s == side => {
+                        return Ok(offset + schema.index_of(name)?);
+                    }
+                    _ => offset += schema.fields().len(),
                 }
-                offset += schema.fields().len();
             }
-            bail!("--select {}: not an output column", s.name)
+            match s {
+                // The mark column comes after every input column.
+                Selected::Mark => Ok(offset),
+                Selected::Column { name, .. } => bail!("--select {name}: not an output column"),
+            }
         })
         .collect()
+}
+
+/// The schema of a selected output: the join's, with each column named as in the
+/// full output of `left` and `right` (`side.NAME` if both inputs have NAME and the
+/// output carries both sides).
+fn output_schema(
+    joined: &Schema,
+    selected: &[Selected],
+    sides: &[Side],
+    left: &Schema,
+    right: &Schema,
+) -> Schema {
+    let fields: Vec<Field> = joined
+        .fields()
+        .iter()
+        .zip(selected)
+        .map(|(field, s)| {
+            let name = match s {
+                Selected::Mark => MARK_COLUMN.to_string(),
+                Selected::Column { side, name } => {
+                    let shared = sides.len() == 2
+                        && left.index_of(name).is_ok()
+                        && right.index_of(name).is_ok();
+                    if shared {
+                        format!("{side}.{name}")
+                    } else {
+                        name.clone()
+                    }
+                }
+            };
+            field.as_ref().clone().with_name(name)
+        })
+        .collect();
+    Schema::new_with_metadata(fields, joined.metadata().clone())
 }

@@ -2,7 +2,7 @@
 //!
 //! The reference join is a nested loop over rows rendered as strings: no hashing, no
 //! partitioning, no Arrow kernels beyond formatting. It is slow and plainly right.
-#![allow(dead_code)]
+#![allow(dead_code, clippy::needless_range_loop)]
 
 use std::sync::Arc;
 
@@ -48,23 +48,51 @@ pub fn key_types() -> Vec<DataType> {
 
 /// A column of `n` values drawn from a domain of `domain` distinct values (so keys
 /// repeat), with nulls at rate `null_rate`.
-pub fn key_column(rng: &mut StdRng, data_type: &DataType, n: usize, domain: u64, null_rate: f64) -> ArrayRef {
+pub fn key_column(
+    rng: &mut StdRng,
+    data_type: &DataType,
+    n: usize,
+    domain: u64,
+    null_rate: f64,
+) -> ArrayRef {
     let vals: Vec<Option<u64>> = (0..n)
         .map(|_| (!rng.random_bool(null_rate)).then(|| rng.random_range(0..domain.max(1))))
         .collect();
     // Strings long enough to exceed the 12-byte inline part of views sometimes.
-    let text = |v: u64| if v % 3 == 0 { format!("key-{v}-with-a-long-tail") } else { format!("k{v}") };
+    let text = |v: u64| {
+        if v % 3 == 0 {
+            format!("key-{v}-with-a-long-tail")
+        } else {
+            format!("k{v}")
+        }
+    };
     let fsb = |v: u64| [(v % 251) as u8, (v / 251 % 251) as u8, 7];
     match data_type {
-        DataType::Int64 => Arc::new(Int64Array::from_iter(vals.iter().map(|v| v.map(|v| v as i64 - 3)))),
-        DataType::Int32 => Arc::new(Int32Array::from_iter(vals.iter().map(|v| v.map(|v| v as i32 * 1000)))),
-        DataType::Int8 => Arc::new(Int8Array::from_iter(vals.iter().map(|v| v.map(|v| (v % 120) as i8 - 60)))),
-        DataType::UInt16 => Arc::new(UInt16Array::from_iter(vals.iter().map(|v| v.map(|v| v as u16)))),
-        DataType::UInt64 => Arc::new(UInt64Array::from_iter(vals.iter().map(|v| v.map(|v| u64::MAX - v)))),
+        DataType::Int64 => Arc::new(Int64Array::from_iter(
+            vals.iter().map(|v| v.map(|v| v as i64 - 3)),
+        )),
+        DataType::Int32 => Arc::new(Int32Array::from_iter(
+            vals.iter().map(|v| v.map(|v| v as i32 * 1000)),
+        )),
+        DataType::Int8 => Arc::new(Int8Array::from_iter(
+            vals.iter().map(|v| v.map(|v| (v % 120) as i8 - 60)),
+        )),
+        DataType::UInt16 => Arc::new(UInt16Array::from_iter(
+            vals.iter().map(|v| v.map(|v| v as u16)),
+        )),
+        DataType::UInt64 => Arc::new(UInt64Array::from_iter(
+            vals.iter().map(|v| v.map(|v| u64::MAX - v)),
+        )),
         DataType::Float64 => Arc::new(Float64Array::from_iter(vals.iter().map(|v| {
             // Domain value 0 is -0.0 or +0.0, 1 is one of two NaNs: they must match.
             v.map(|v| match v {
-                0 => if v % 2 == 0 { -0.0 } else { 0.0 },
+                0 => {
+                    if v % 2 == 0 {
+                        -0.0
+                    } else {
+                        0.0
+                    }
+                }
                 1 => f64::from_bits(0x7ff8_0000_0000_0001),
                 2 => f64::NAN,
                 v => v as f64 / 4.0,
@@ -83,29 +111,51 @@ pub fn key_column(rng: &mut StdRng, data_type: &DataType, n: usize, domain: u64,
                 .unwrap(),
         ),
         DataType::Decimal256(p, s) => Arc::new(
-            Decimal256Array::from_iter(vals.iter().map(|v| v.map(|v| arrow_buffer::i256::from_i128(v as i128 * 7 - 5))))
-                .with_precision_and_scale(*p, *s)
-                .unwrap(),
+            Decimal256Array::from_iter(
+                vals.iter()
+                    .map(|v| v.map(|v| arrow_buffer::i256::from_i128(v as i128 * 7 - 5))),
+            )
+            .with_precision_and_scale(*p, *s)
+            .unwrap(),
         ),
-        DataType::Date32 => Arc::new(Date32Array::from_iter(vals.iter().map(|v| v.map(|v| v as i32 + 18000)))),
-        DataType::Date64 => Arc::new(Date64Array::from_iter(vals.iter().map(|v| v.map(|v| v as i64 * 86_400_000)))),
-        DataType::Time64(TimeUnit::Nanosecond) => {
-            Arc::new(Time64NanosecondArray::from_iter(vals.iter().map(|v| v.map(|v| v as i64 * 1_000_000_007))))
-        }
+        DataType::Date32 => Arc::new(Date32Array::from_iter(
+            vals.iter().map(|v| v.map(|v| v as i32 + 18000)),
+        )),
+        DataType::Date64 => Arc::new(Date64Array::from_iter(
+            vals.iter().map(|v| v.map(|v| v as i64 * 86_400_000)),
+        )),
+        DataType::Time64(TimeUnit::Nanosecond) => Arc::new(Time64NanosecondArray::from_iter(
+            vals.iter().map(|v| v.map(|v| v as i64 * 1_000_000_007)),
+        )),
         DataType::Timestamp(TimeUnit::Millisecond, tz) => Arc::new(
-            TimestampMillisecondArray::from_iter(vals.iter().map(|v| v.map(|v| v as i64 * 1000 + 1_600_000_000_000)))
-                .with_timezone_opt(tz.clone()),
+            TimestampMillisecondArray::from_iter(
+                vals.iter()
+                    .map(|v| v.map(|v| v as i64 * 1000 + 1_600_000_000_000)),
+            )
+            .with_timezone_opt(tz.clone()),
         ),
-        DataType::Boolean => Arc::new(BooleanArray::from_iter(vals.iter().map(|v| v.map(|v| v % 2 == 0)))),
+        DataType::Boolean => Arc::new(BooleanArray::from_iter(
+            vals.iter().map(|v| v.map(|v| v % 2 == 0)),
+        )),
         DataType::Utf8 => Arc::new(StringArray::from_iter(vals.iter().map(|v| v.map(text)))),
-        DataType::LargeUtf8 => Arc::new(LargeStringArray::from_iter(vals.iter().map(|v| v.map(text)))),
-        DataType::Utf8View => Arc::new(StringViewArray::from_iter(vals.iter().map(|v| v.map(text)))),
-        DataType::Binary => Arc::new(BinaryArray::from_iter(vals.iter().map(|v| v.map(|v| text(v).into_bytes())))),
-        DataType::BinaryView => {
-            Arc::new(BinaryViewArray::from_iter(vals.iter().map(|v| v.map(|v| text(v).into_bytes()))))
+        DataType::LargeUtf8 => Arc::new(LargeStringArray::from_iter(
+            vals.iter().map(|v| v.map(text)),
+        )),
+        DataType::Utf8View => {
+            Arc::new(StringViewArray::from_iter(vals.iter().map(|v| v.map(text))))
         }
+        DataType::Binary => Arc::new(BinaryArray::from_iter(
+            vals.iter().map(|v| v.map(|v| text(v).into_bytes())),
+        )),
+        DataType::BinaryView => Arc::new(BinaryViewArray::from_iter(
+            vals.iter().map(|v| v.map(|v| text(v).into_bytes())),
+        )),
         DataType::FixedSizeBinary(3) => Arc::new(
-            FixedSizeBinaryArray::try_from_sparse_iter_with_size(vals.iter().map(|v| v.map(fsb)), 3).unwrap(),
+            FixedSizeBinaryArray::try_from_sparse_iter_with_size(
+                vals.iter().map(|v| v.map(fsb)),
+                3,
+            )
+            .unwrap(),
         ),
         DataType::Dictionary(_, _) => {
             let mut b = StringDictionaryBuilder::<Int32Type>::new();
@@ -161,7 +211,9 @@ pub fn split(rng: &mut StdRng, batch: &RecordBatch, max_rows: usize) -> Vec<Reco
         if offset >= batch.num_rows() {
             break;
         }
-        let len = rng.random_range(1..=max_rows.max(1)).min(batch.num_rows() - offset);
+        let len = rng
+            .random_range(1..=max_rows.max(1))
+            .min(batch.num_rows() - offset);
         out.push(batch.slice(offset, len));
         offset += len;
     }
@@ -170,11 +222,32 @@ pub fn split(rng: &mut StdRng, batch: &RecordBatch, max_rows: usize) -> Vec<Reco
 
 /// The test filter: `left.v < right.v` (null is false).
 pub fn less_than_filter(left: &Schema, right: &Schema) -> JoinFilter {
-    let l = left.index_of(&left.fields().iter().find(|f| f.name().ends_with('v') && f.name().len() == 2).unwrap().name().clone()).unwrap();
-    let r = right.index_of(&right.fields().iter().find(|f| f.name().ends_with('v') && f.name().len() == 2).unwrap().name().clone()).unwrap();
-    JoinFilter::new(vec![(Side::Left, l), (Side::Right, r)], |b: &RecordBatch| {
-        arrow_ord::cmp::lt(b.column(0), b.column(1))
-    })
+    let l = left
+        .index_of(
+            &left
+                .fields()
+                .iter()
+                .find(|f| f.name().ends_with('v') && f.name().len() == 2)
+                .unwrap()
+                .name()
+                .clone(),
+        )
+        .unwrap();
+    let r = right
+        .index_of(
+            &right
+                .fields()
+                .iter()
+                .find(|f| f.name().ends_with('v') && f.name().len() == 2)
+                .unwrap()
+                .name()
+                .clone(),
+        )
+        .unwrap();
+    JoinFilter::new(
+        vec![(Side::Left, l), (Side::Right, r)],
+        |b: &RecordBatch| arrow_ord::cmp::lt(b.column(0), b.column(1)),
+    )
 }
 
 /// Renders every value of a batch: `rows[r][c]`, `None` for null.
@@ -198,16 +271,31 @@ pub fn render(batch: &RecordBatch) -> Vec<Vec<Option<String>>> {
 }
 
 /// A key value as the reference compares it: floats canonical (`-0 = 0`, NaN = NaN).
-fn canonical_key(data_type: &DataType, rendered: &Option<String>, array: &ArrayRef, row: usize) -> Option<String> {
+fn canonical_key(
+    data_type: &DataType,
+    rendered: &Option<String>,
+    array: &ArrayRef,
+    row: usize,
+) -> Option<String> {
     let rendered = rendered.as_ref()?;
     Some(match data_type {
         DataType::Float64 | DataType::Float32 => {
             let v = if let Some(a) = array.as_any().downcast_ref::<Float64Array>() {
                 a.value(row)
             } else {
-                array.as_any().downcast_ref::<Float32Array>().unwrap().value(row) as f64
+                array
+                    .as_any()
+                    .downcast_ref::<Float32Array>()
+                    .unwrap()
+                    .value(row) as f64
             };
-            if v.is_nan() { "NaN".into() } else if v == 0.0 { "0".into() } else { format!("{v:?}") }
+            if v.is_nan() {
+                "NaN".into()
+            } else if v == 0.0 {
+                "0".into()
+            } else {
+                format!("{v:?}")
+            }
         }
         _ => rendered.clone(),
     })
@@ -223,19 +311,41 @@ pub fn reference_join(
     null_equality: NullEquality,
 ) -> Vec<String> {
     let (lr, rr) = (render(left), render(right));
-    let key = |batch: &RecordBatch, rows: &[Vec<Option<String>>], r: usize, which: &dyn Fn(&(usize, usize)) -> usize| -> Vec<Option<String>> {
+    let key = |batch: &RecordBatch,
+               rows: &[Vec<Option<String>>],
+               r: usize,
+               which: &dyn Fn(&(usize, usize)) -> usize|
+     -> Vec<Option<String>> {
         keys.iter()
             .map(|k| {
                 let c = which(k);
-                canonical_key(batch.schema().field(c).data_type(), &rows[r][c], batch.column(c), r)
+                canonical_key(
+                    batch.schema().field(c).data_type(),
+                    &rows[r][c],
+                    batch.column(c),
+                    r,
+                )
             })
             .collect()
     };
-    let lkeys: Vec<_> = (0..left.num_rows()).map(|r| key(left, &lr, r, &|k| k.0)).collect();
-    let rkeys: Vec<_> = (0..right.num_rows()).map(|r| key(right, &rr, r, &|k| k.1)).collect();
+    let lkeys: Vec<_> = (0..left.num_rows())
+        .map(|r| key(left, &lr, r, &|k| k.0))
+        .collect();
+    let rkeys: Vec<_> = (0..right.num_rows())
+        .map(|r| key(right, &rr, r, &|k| k.1))
+        .collect();
     let v = |batch: &RecordBatch, r: usize| -> Option<i64> {
-        let c = batch.schema().fields().iter().position(|f| f.name().ends_with('v') && f.name().len() == 2).unwrap();
-        let a = batch.column(c).as_any().downcast_ref::<Int64Array>().unwrap();
+        let c = batch
+            .schema()
+            .fields()
+            .iter()
+            .position(|f| f.name().ends_with('v') && f.name().len() == 2)
+            .unwrap();
+        let a = batch
+            .column(c)
+            .as_any()
+            .downcast_ref::<Int64Array>()
+            .unwrap();
         a.is_valid(r).then(|| a.value(r))
     };
     let keys_equal = |a: &[Option<String>], b: &[Option<String>]| {
@@ -251,7 +361,11 @@ pub fn reference_join(
     };
     let nulls = |n: usize| vec![None; n];
     let row = |cells: Vec<Option<String>>| {
-        cells.into_iter().map(|c| c.unwrap_or_else(|| "∅".into())).collect::<Vec<_>>().join("|")
+        cells
+            .into_iter()
+            .map(|c| c.unwrap_or_else(|| "∅".into()))
+            .collect::<Vec<_>>()
+            .join("|")
     };
     let cat = |a: &[Option<String>], b: &[Option<String>]| [a, b].concat();
     let (ln, rn) = (left.num_columns(), right.num_columns());
@@ -278,13 +392,29 @@ pub fn reference_join(
                 }
             }
         }
-        JoinType::LeftSemi => out.extend((0..left.num_rows()).filter(|&l| l_matched(l)).map(|l| row(lr[l].clone()))),
-        JoinType::LeftAnti => out.extend((0..left.num_rows()).filter(|&l| !l_matched(l)).map(|l| row(lr[l].clone()))),
-        JoinType::RightSemi => out.extend((0..right.num_rows()).filter(|&r| r_matched(r)).map(|r| row(rr[r].clone()))),
-        JoinType::RightAnti => out.extend((0..right.num_rows()).filter(|&r| !r_matched(r)).map(|r| row(rr[r].clone()))),
-        JoinType::LeftMark => out.extend((0..left.num_rows()).map(|l| {
-            row(cat(&lr[l], &[Some(l_matched(l).to_string())]))
-        })),
+        JoinType::LeftSemi => out.extend(
+            (0..left.num_rows())
+                .filter(|&l| l_matched(l))
+                .map(|l| row(lr[l].clone())),
+        ),
+        JoinType::LeftAnti => out.extend(
+            (0..left.num_rows())
+                .filter(|&l| !l_matched(l))
+                .map(|l| row(lr[l].clone())),
+        ),
+        JoinType::RightSemi => out.extend(
+            (0..right.num_rows())
+                .filter(|&r| r_matched(r))
+                .map(|r| row(rr[r].clone())),
+        ),
+        JoinType::RightAnti => out.extend(
+            (0..right.num_rows())
+                .filter(|&r| !r_matched(r))
+                .map(|r| row(rr[r].clone())),
+        ),
+        JoinType::LeftMark => out.extend(
+            (0..left.num_rows()).map(|l| row(cat(&lr[l], &[Some(l_matched(l).to_string())]))),
+        ),
         JoinType::LeftNotIn | JoinType::RightNotIn => {
             // x NOT IN (subquery): true iff for every y in the subquery, x <> y is TRUE.
             let (outer, outer_rows, outer_keys, sub_keys) = if join_type == JoinType::LeftNotIn {
@@ -312,7 +442,13 @@ pub fn rendered_rows(batches: &[RecordBatch]) -> Vec<String> {
     let mut out: Vec<String> = batches
         .iter()
         .flat_map(render)
-        .map(|cells| cells.into_iter().map(|c| c.unwrap_or_else(|| "∅".into())).collect::<Vec<_>>().join("|"))
+        .map(|cells| {
+            cells
+                .into_iter()
+                .map(|c| c.unwrap_or_else(|| "∅".into()))
+                .collect::<Vec<_>>()
+                .join("|")
+        })
         .collect();
     out.sort();
     out
@@ -320,7 +456,10 @@ pub fn rendered_rows(batches: &[RecordBatch]) -> Vec<String> {
 
 /// A seeded rng; the seed comes from `SPILLJOIN_SEED` when set.
 pub fn rng_for(case: u64) -> (u64, StdRng) {
-    let base: u64 = std::env::var("SPILLJOIN_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or(0x5EED);
+    let base: u64 = std::env::var("SPILLJOIN_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0x5EED);
     let seed = base.wrapping_add(case.wrapping_mul(0x9E37_79B9_7F4A_7C15));
     (seed, StdRng::seed_from_u64(seed))
 }

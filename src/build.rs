@@ -1,34 +1,49 @@
-//! The build phase: the build input, radix-partitioned into hash tables.
+//! The build phase: the build input, radix-partitioned into hash tables, spilling the
+//! largest partitions when memory runs out.
 //!
 //! ```text
-//!  build batches ─► keys ─► hash ─► partition (high bits) ─► per-partition fragments
-//!   (N threads pull from one input)                            each with its hashes,
-//!                                                              reserved from the pool
-//!  end of input ─► per partition (N threads): concatenate fragments into one batch,
-//!                  encode keys, build the chained table ─► BuiltSide (immutable)
+//!  build batches ─► keys ─► hash ─► partition (high bits) ─► per-partition fragments,
+//!   (N threads pull from the input streams)                   each with its hashes
+//!                                                              │
+//!        a reservation fails? ─► flush the buffered rows of an already spilled
+//!                                partition, else spill the largest in-memory one
+//!                                (IPC file, hashes kept as a column; bloom filter)
+//!  end of input ─► force-spill (tests), reserve probe headroom, then give every
+//!                  in-memory partition its table (spilling more if tables don't fit)
+//!                  ─► BuiltSide (immutable): in-memory partitions + spilled files
 //! ```
 //!
+//! **The spill trigger** is [`BuildCollector::reserve`]: a failed reservation is the
+//! only reason to spill, and the victim is the partition holding the most buffered
+//! bytes. Spilled partitions keep receiving rows, written through a small buffer.
+//!
 //! Rows whose key can never match (a null key under SQL equality) are not hashed into
-//! any partition: joins that output unmatched build rows keep them aside, the others
-//! drop them. The result, [`BuiltSide`], is never mutated again: everything a probe
-//! changes (visited bits, null flags) lives in [`crate::probe::ProbeState`].
+//! any partition: joins that output unmatched build rows keep them aside (spilled like
+//! a partition if memory runs out), the others drop them.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use arrow_array::{RecordBatch, UInt32Array};
-use arrow_schema::ArrowError;
+use arrow_array::{Array, ArrayRef, RecordBatch, UInt32Array, UInt64Array};
+use arrow_buffer::ScalarBuffer;
+use arrow_schema::{ArrowError, DataType, Field, Schema, SchemaRef};
 use arrow_select::concat::concat_batches;
 use arrow_select::take::take_record_batch;
 use spilljoin_memory::{MemoryConsumer, MemoryReservation};
+use spilljoin_spill::{SpillFile, SpillWriter};
 
+use crate::bloom::Bloom;
 use crate::error::{JoinError, Result};
+use crate::exec::{Ctx, Level};
 use crate::hash::hash_keys;
 use crate::join::InputStreams;
 use crate::keys::KeyRepr;
 use crate::partition::PartitionedRows;
 use crate::plan::JoinPlan;
 use crate::table::{ChainedTable, MAX_TABLE_ROWS};
+
+/// The name of the column that carries each row's key hash in spill files.
+pub const HASH_COLUMN: &str = "__spilljoin_hash";
 
 /// One partition of the build side, ready to probe.
 #[derive(Debug)]
@@ -43,47 +58,102 @@ pub(crate) struct BuiltPartition {
     pub table: ChainedTable,
 }
 
-/// The build side, immutable once built.
+/// A build partition that was written to disk.
+#[derive(Debug)]
+pub(crate) struct SpilledPartition {
+    /// Its rows, with [`HASH_COLUMN`] last.
+    pub file: SpillFile,
+    /// The hashes it holds, to drop probe rows that cannot match.
+    pub bloom: Option<Bloom>,
+}
+
+/// A partition of the build side after the build.
+#[derive(Debug)]
+pub(crate) enum Partition {
+    /// In memory, with its table.
+    InMemory(BuiltPartition),
+    /// On disk, joined after the probe input ends.
+    Spilled(SpilledPartition),
+}
+
+/// Rows whose key can never match, kept for the end.
+#[derive(Debug, Default)]
+pub(crate) struct Unmatchable {
+    /// In memory.
+    pub batches: Vec<RecordBatch>,
+    /// Spilled (without a hash column).
+    pub file: Option<SpillFile>,
+}
+
+/// The build side of one level, immutable once built.
 #[derive(Debug)]
 pub(crate) struct BuiltSide {
-    /// The partitions, indexed by [`crate::partition::HashBits::partition_of`].
-    pub partitions: Vec<BuiltPartition>,
-    /// Rows whose key can never match, kept for joins that output unmatched build rows.
-    pub unmatchable: Vec<RecordBatch>,
-    /// Every build input row, the unmatchable ones included.
+    /// The partitions, indexed by `level.bits.partition_of(hash)`.
+    pub partitions: Vec<Partition>,
+    /// Rows whose key can never match.
+    pub unmatchable: Unmatchable,
+    /// Every build input row of this level, the unmatchable ones included.
     pub num_rows: u64,
     /// Whether some build row has a null key.
     pub has_null_key: bool,
-    /// Everything above, reserved.
-    _reservation: MemoryReservation,
+    /// Everything in memory above, reserved.
+    pub reservation: MemoryReservation,
 }
 
-/// A partition's rows while the build input is still coming.
-#[derive(Debug, Default)]
-struct PartitionBuffer {
-    fragments: Vec<(RecordBatch, Vec<u64>)>,
-    rows: usize,
-}
-
-/// Bytes of a batch, as the pool counts them.
+/// Bytes of a batch, as the pool counts them: the bytes its rows use, so that a slice
+/// of a large batch counts as its share, not as the whole.
 pub(crate) fn batch_bytes(batch: &RecordBatch) -> usize {
-    batch.get_array_memory_size()
+    batch
+        .columns()
+        .iter()
+        .map(|c| {
+            c.to_data()
+                .get_slice_memory_size()
+                .unwrap_or_else(|_| c.get_array_memory_size())
+        })
+        .sum::<usize>()
+        + batch.num_columns() * 64
 }
 
-fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+/// The schema of spill files of an input: its columns and [`HASH_COLUMN`].
+pub(crate) fn with_hash_column(schema: &Schema) -> SchemaRef {
+    let mut fields: Vec<Field> = schema.fields().iter().map(|f| f.as_ref().clone()).collect();
+    fields.push(Field::new(HASH_COLUMN, DataType::UInt64, false));
+    Arc::new(Schema::new(fields))
+}
+
+/// Appends `hashes` to `batch` as [`HASH_COLUMN`].
+pub(crate) fn attach_hashes(batch: &RecordBatch, hashes: Vec<u64>, schema: &SchemaRef) -> Result<RecordBatch> {
+    let mut columns: Vec<ArrayRef> = batch.columns().to_vec();
+    columns.push(Arc::new(UInt64Array::from(hashes)));
+    Ok(RecordBatch::try_new(Arc::clone(schema), columns)?)
+}
+
+/// Splits [`HASH_COLUMN`] off a batch read from a spill file.
+pub(crate) fn detach_hashes(batch: &RecordBatch) -> Result<(RecordBatch, ScalarBuffer<u64>)> {
+    let last = batch.num_columns().checked_sub(1).ok_or_else(|| {
+        JoinError::InvalidJoin("internal: a spilled batch has no hash column".into())
+    })?;
+    let hashes = batch
+        .column(last)
+        .as_any()
+        .downcast_ref::<UInt64Array>()
+        .filter(|h| h.null_count() == 0)
+        .ok_or_else(|| JoinError::InvalidJoin("internal: a spilled batch has a bad hash column".into()))?
+        .values()
+        .clone();
+    let columns: Vec<usize> = (0..last).collect();
+    Ok((batch.project(&columns)?, hashes))
+}
+
+pub(crate) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     // A poisoned lock means another worker panicked; that panic is reported on its
-    // own (JoinError::WorkerPanicked), and the data is only read to be dropped.
-    mutex
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
+    // own (JoinError::WorkerPanicked) and the join stops.
+    mutex.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 /// Runs `worker` on `threads` threads and returns the first error.
-pub(crate) fn run_workers(
-    threads: usize,
-    cancel: &AtomicBool,
-    worker: impl Fn() -> Result<()> + Sync,
-) -> Result<()> {
+pub(crate) fn run_workers(threads: usize, cancel: &AtomicBool, worker: impl Fn() -> Result<()> + Sync) -> Result<()> {
     let results: Vec<Result<()>> = std::thread::scope(|scope| {
         let handles: Vec<_> = (0..threads.max(1))
             .map(|_| {
@@ -110,9 +180,8 @@ pub(crate) fn run_workers(
     let mut first = None;
     for result in results {
         if let Err(e) = result {
-            match (&first, &e) {
-                (None, _) | (Some(JoinError::Cancelled), _) => first = Some(e),
-                _ => {}
+            if matches!(first, None | Some(JoinError::Cancelled)) {
+                first = Some(e);
             }
         }
     }
@@ -127,149 +196,502 @@ fn panic_message(panic: &Box<dyn std::any::Any + Send>) -> String {
         .unwrap_or_else(|| "unknown panic".into())
 }
 
-/// Reads the whole build input into partitions and builds their tables.
-pub(crate) fn build_side<I>(
-    plan: &JoinPlan,
-    input: Vec<I>,
-    cancel: &AtomicBool,
-) -> Result<BuiltSide>
-where
-    I: Iterator<Item = Result<RecordBatch, ArrowError>> + Send,
-{
-    let fan_out = plan.bits.fan_out();
-    let base = MemoryConsumer::new("spilljoin build side")
-        .with_can_spill(true)
-        .register(&plan.pool);
-    let input = InputStreams::new(input);
-    let buffers: Vec<Mutex<PartitionBuffer>> = (0..fan_out).map(|_| Mutex::default()).collect();
-    let unmatchable = Mutex::new(Vec::new());
-    let reservation = Mutex::new(base.new_empty());
-    let num_rows = AtomicU64::new(0);
-    let has_null_key = AtomicBool::new(false);
-    let keep_unmatchable = plan.resolved.keeps_unmatchable_build_rows();
+/// A partition's rows while the build input is still coming.
+#[derive(Debug, Default)]
+pub(crate) struct PartitionBuffer {
+    /// Buffered rows and their hashes (not yet written, if the partition is spilled).
+    fragments: Vec<(RecordBatch, Vec<u64>)>,
+    /// Rows buffered.
+    rows: usize,
+    /// Bytes buffered (held in the collector's reservation).
+    bytes: usize,
+    /// Rows in the partition in all, buffered or written.
+    total_rows: u64,
+    /// Set once the partition is spilled.
+    writer: Option<SpillWriter>,
+    bloom: Option<Bloom>,
+}
 
-    run_workers(plan.threads, cancel, || {
-        let mut mine = base.new_empty();
+impl PartitionBuffer {
+    /// Adds rows held in `bytes` of reserved memory.
+    pub fn push(&mut self, batch: RecordBatch, hashes: Vec<u64>, bytes: usize) {
+        self.rows += batch.num_rows();
+        self.total_rows += batch.num_rows() as u64;
+        self.bytes += bytes;
+        self.fragments.push((batch, hashes));
+    }
+
+    /// Rows buffered.
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+
+    /// Bytes held for the buffered rows.
+    pub fn bytes(&self) -> usize {
+        self.bytes
+    }
+}
+
+/// Everything the build workers share.
+struct CollectorState {
+    partitions: Vec<PartitionBuffer>,
+    /// The unmatchable rows (no hashes), spillable like a partition.
+    unmatchable: PartitionBuffer,
+    /// Holds the bytes of every buffered fragment.
+    reservation: MemoryReservation,
+}
+
+/// Collects the build input of one level into partitions, spilling as needed.
+pub(crate) struct BuildCollector<'a> {
+    ctx: &'a Ctx<'a>,
+    level: Level,
+    state: Mutex<CollectorState>,
+    base: MemoryReservation,
+    spill_schema: SchemaRef,
+    largest_batch_bytes: AtomicUsize,
+}
+
+impl<'a> BuildCollector<'a> {
+    fn new(ctx: &'a Ctx<'a>, level: Level) -> Self {
+        let base = MemoryConsumer::new("spilljoin build side")
+            .with_can_spill(true)
+            .register(&ctx.plan.pool);
+        let fan_out = level.bits.fan_out();
+        Self {
+            ctx,
+            level,
+            state: Mutex::new(CollectorState {
+                partitions: (0..fan_out).map(|_| PartitionBuffer::default()).collect(),
+                unmatchable: PartitionBuffer::default(),
+                reservation: base.new_empty(),
+            }),
+            spill_schema: with_hash_column(&ctx.plan.build_schema),
+            base,
+            largest_batch_bytes: AtomicUsize::new(0),
+        }
+    }
+
+    fn plan(&self) -> &JoinPlan {
+        self.ctx.plan
+    }
+
+    /// Grows `reservation` by `bytes`, spilling buffered build rows until it fits.
+    ///
+    /// # Errors
+    /// [`JoinError::ResourcesExhausted`] when nothing is left to spill: the limit is
+    /// below what one batch in flight needs.
+    pub fn reserve(&self, reservation: &mut MemoryReservation, bytes: usize) -> Result<()> {
+        loop {
+            match reservation.try_grow(bytes) {
+                Ok(()) => return Ok(()),
+                Err(e) => {
+                    if !self.spill_something(None)? {
+                        return Err(e.into());
+                    }
+                }
+            }
+        }
+    }
+
+    /// Frees memory: first the buffer of an already spilled partition, else spills the
+    /// in-memory partition (or the unmatchable rows) holding the most bytes, except
+    /// `keep`. Returns false when there is nothing to free.
+    fn spill_something(&self, keep: Option<&[bool]>) -> Result<bool> {
+        let mut state = lock(&self.state);
+        let state = &mut *state;
+        let spilled_buffer = state
+            .partitions
+            .iter()
+            .enumerate()
+            .filter(|(_, p)| p.writer.is_some() && p.bytes > 0)
+            .max_by_key(|(_, p)| p.bytes)
+            .map(|(i, _)| i);
+        if let Some(p) = spilled_buffer {
+            self.flush(&mut state.partitions[p], &mut state.reservation, p)?;
+            return Ok(true);
+        }
+        let victim = state
+            .partitions
+            .iter()
+            .enumerate()
+            .filter(|(i, p)| p.writer.is_none() && p.bytes > 0 && keep.is_none_or(|k| !k[*i]))
+            .max_by_key(|(_, p)| p.bytes)
+            .map(|(i, p)| (i, p.bytes));
+        let unmatchable_bytes = if state.unmatchable.writer.is_none() { state.unmatchable.bytes } else { 0 };
+        match victim {
+            Some((_, bytes)) if bytes >= unmatchable_bytes => {
+                let p = victim.map_or(0, |v| v.0);
+                self.spill_partition(&mut state.partitions[p], &mut state.reservation, p)?;
+                Ok(true)
+            }
+            _ if state.unmatchable.bytes > 0 => {
+                self.spill_unmatchable(&mut state.unmatchable, &mut state.reservation)?;
+                Ok(true)
+            }
+            _ => Ok(false),
+        }
+    }
+
+    /// Starts spilling partition `p`: opens its file and bloom filter, writes its rows.
+    fn spill_partition(&self, part: &mut PartitionBuffer, reservation: &mut MemoryReservation, p: usize) -> Result<()> {
+        let ctx = self.ctx;
+        let label = format!("build-d{}-p{p}", self.level.depth);
+        part.writer = Some(ctx.spill.create_writer(Arc::clone(&self.spill_schema), &label)?);
+        ctx.metrics.spill_files.fetch_add(1, Ordering::Relaxed);
+        ctx.metrics.partitions_spilled.fetch_add(1, Ordering::Relaxed);
+        // The filter is sized for the rows seen so far times the input still to come,
+        // which is unknown: assume the partition doubles.
+        let bloom_bytes = Bloom::bytes_for(part.total_rows as usize * 2);
+        if reservation.try_grow(bloom_bytes).is_ok() {
+            let mut bloom = Bloom::new(part.total_rows as usize * 2);
+            for (_, hashes) in &part.fragments {
+                hashes.iter().for_each(|&h| bloom.insert(h));
+            }
+            part.bloom = Some(bloom);
+        }
+        self.flush(part, reservation, p)
+    }
+
+    /// Writes a spilled partition's buffered rows to its file.
+    fn flush(&self, part: &mut PartitionBuffer, reservation: &mut MemoryReservation, _p: usize) -> Result<()> {
+        if part.fragments.is_empty() {
+            return Ok(());
+        }
+        let fragments = std::mem::take(&mut part.fragments);
+        let batches: Vec<RecordBatch> = fragments
+            .into_iter()
+            .map(|(batch, hashes)| attach_hashes(&batch, hashes, &self.spill_schema))
+            .collect::<Result<_>>()?;
+        // One IPC message per flush: concatenating costs one transient copy of at most
+        // a few batches, which is accounted (grow) while it lives.
+        let merged = if batches.len() == 1 {
+            batches.into_iter().next().ok_or_else(|| JoinError::InvalidJoin("internal".into()))?
+        } else {
+            concat_batches(&self.spill_schema, &batches)?
+        };
+        let transient = batch_bytes(&merged);
+        reservation.grow(transient);
+        let writer = part
+            .writer
+            .as_mut()
+            .ok_or_else(|| JoinError::InvalidJoin("internal: flushing an unspilled partition".into()));
+        let written = writer.and_then(|w| {
+            let before = w.bytes_written();
+            w.write(&merged)?;
+            Ok(w.bytes_written() - before)
+        });
+        reservation.shrink(transient);
+        let written = written?;
+        let metrics = &self.ctx.metrics;
+        metrics.build_rows_spilled.fetch_add(merged.num_rows() as u64, Ordering::Relaxed);
+        metrics.build_bytes_spilled.fetch_add(written, Ordering::Relaxed);
+        reservation.shrink(part.bytes);
+        part.bytes = 0;
+        part.rows = 0;
+        Ok(())
+    }
+
+    /// Writes the unmatchable rows to their own file (no hash column).
+    fn spill_unmatchable(&self, part: &mut PartitionBuffer, reservation: &mut MemoryReservation) -> Result<()> {
+        let ctx = self.ctx;
+        if part.writer.is_none() {
+            let label = format!("build-d{}-unmatchable", self.level.depth);
+            part.writer = Some(ctx.spill.create_writer(Arc::clone(&ctx.plan.build_schema), &label)?);
+            ctx.metrics.spill_files.fetch_add(1, Ordering::Relaxed);
+        }
+        for (batch, _) in std::mem::take(&mut part.fragments) {
+            if let Some(w) = part.writer.as_mut() {
+                let before = w.bytes_written();
+                w.write(&batch)?;
+                ctx.metrics.build_bytes_spilled.fetch_add(w.bytes_written() - before, Ordering::Relaxed);
+                ctx.metrics.build_rows_spilled.fetch_add(batch.num_rows() as u64, Ordering::Relaxed);
+            }
+        }
+        reservation.shrink(part.bytes);
+        part.bytes = 0;
+        part.rows = 0;
+        Ok(())
+    }
+
+    /// Adds a fragment (reserved in `mine`) to partition `p`.
+    fn add(&self, p: Option<usize>, fragment: RecordBatch, hashes: Vec<u64>, bytes: usize, mine: &mut MemoryReservation) -> Result<()> {
+        let batch_size = self.plan().batch_size;
+        let mut state = lock(&self.state);
+        let state = &mut *state;
+        state.reservation.merge(mine.split(bytes));
+        let part = match p {
+            Some(p) => &mut state.partitions[p],
+            None => &mut state.unmatchable,
+        };
+        if let Some(bloom) = part.bloom.as_mut() {
+            hashes.iter().for_each(|&h| bloom.insert(h));
+        }
+        part.rows += fragment.num_rows();
+        part.total_rows += fragment.num_rows() as u64;
+        part.bytes += bytes;
+        part.fragments.push((fragment, hashes));
+        // A spilled partition writes its rows a batch at a time.
+        if part.writer.is_some() && part.rows >= batch_size {
+            match p {
+                Some(p) => self.flush(&mut state.partitions[p], &mut state.reservation, p)?,
+                None => self.spill_unmatchable(&mut state.unmatchable, &mut state.reservation)?,
+            }
+        }
+        Ok(())
+    }
+
+    /// Reads one worker's share of the input.
+    fn collect<I>(&self, input: &InputStreams<I>, num_rows: &AtomicU64, has_null_key: &AtomicBool) -> Result<()>
+    where
+        I: Iterator<Item = Result<RecordBatch, ArrowError>>,
+    {
+        let plan = self.plan();
+        let ctx = self.ctx;
+        let fan_out = self.level.bits.fan_out();
+        let mut mine = self.base.new_empty();
         let mut current = None;
         let mut hashes = Vec::new();
         let mut grouped = PartitionedRows::default();
+        let keep_unmatchable = plan.resolved.keeps_unmatchable_build_rows();
         loop {
-            if cancel.load(Ordering::Relaxed) {
+            if ctx.cancel.load(Ordering::Relaxed) {
                 return Err(JoinError::Cancelled);
             }
             let batch = match input.next(&mut current) {
                 None => return Ok(()),
-                Some(Err(source)) => {
-                    return Err(JoinError::Input {
-                        side: plan.build_side,
-                        source,
-                    })
-                }
-                Some(Ok(batch)) => batch,
+                Some(item) => item.map_err(|e| ctx.input_error(plan.build_side, e))?,
             };
-            plan.check_batch(&batch, true)?;
+            let (batch, stored_hashes) = self.level.split_input(plan, &batch, true)?;
             let n = batch.num_rows();
             num_rows.fetch_add(n as u64, Ordering::Relaxed);
             if n == 0 {
                 continue;
             }
             let input_bytes = batch_bytes(&batch);
-            mine.try_grow(input_bytes)?;
+            self.largest_batch_bytes.fetch_max(input_bytes, Ordering::Relaxed);
+            self.reserve(&mut mine, input_bytes)?;
             let keys = plan.keys.evaluate(&batch, true)?;
-            hash_keys(&keys.columns, n, &mut hashes)?;
+            match &stored_hashes {
+                Some(stored) => {
+                    hashes.clear();
+                    hashes.extend_from_slice(stored);
+                }
+                None => hash_keys(&keys.columns, n, &mut hashes)?,
+            }
             if keys.nulls.is_some() {
                 has_null_key.store(true, Ordering::Relaxed);
             }
             let never_matches = |row: usize| plan.nulls_never_match() && keys.is_null(row);
             if keep_unmatchable && keys.nulls.is_some() && plan.nulls_never_match() {
-                let rows: UInt32Array = (0..n as u32)
-                    .filter(|&r| never_matches(r as usize))
-                    .collect();
-                let kept = reserved_take(&batch, &rows, input_bytes, &mut mine)?;
-                lock(&reservation).merge(mine.split(batch_bytes(&kept)));
-                lock(&unmatchable).push(kept);
+                let rows: UInt32Array = (0..n as u32).filter(|&r| never_matches(r as usize)).collect();
+                let kept = self.reserved_take(&batch, &rows, input_bytes, &mut mine)?;
+                let bytes = batch_bytes(&kept);
+                self.add(None, kept, Vec::new(), bytes, &mut mine)?;
             }
-            grouped.group(plan.bits, &hashes, |row| !never_matches(row));
-            for (p, buffer) in buffers.iter().enumerate() {
+            grouped.group(self.level.bits, &hashes, |row| !never_matches(row));
+            for p in 0..fan_out {
                 let rows = grouped.partition(p);
                 if rows.is_empty() {
                     continue;
                 }
                 let indices = UInt32Array::from(rows.to_vec());
-                let fragment = reserved_take(&batch, &indices, input_bytes, &mut mine)?;
+                let fragment = self.reserved_take(&batch, &indices, input_bytes, &mut mine)?;
+                self.reserve(&mut mine, rows.len() * 8)?;
                 let fragment_hashes: Vec<u64> = rows.iter().map(|&r| hashes[r as usize]).collect();
-                mine.try_grow(fragment_hashes.capacity() * 8)?;
                 let bytes = batch_bytes(&fragment) + fragment_hashes.capacity() * 8;
-                lock(&reservation).merge(mine.split(bytes));
-                let mut buffer = lock(buffer);
-                buffer.rows += rows.len();
-                buffer.fragments.push((fragment, fragment_hashes));
+                mine.try_resize(mine.size().max(bytes))?;
+                self.add(Some(p), fragment, fragment_hashes, bytes, &mut mine)?;
             }
             drop(keys);
-            mine.shrink(input_bytes);
+            mine.free();
         }
-    })?;
+    }
 
-    let mut reservation = reservation.into_inner().unwrap_or_else(|p| p.into_inner());
-    let built: Vec<Mutex<Option<BuiltPartition>>> =
-        (0..fan_out).map(|_| Mutex::default()).collect();
-    let next_partition = AtomicUsize::new(0);
-    let shared_reservation = Mutex::new(&mut reservation);
-    run_workers(plan.threads, cancel, || loop {
-        let p = next_partition.fetch_add(1, Ordering::Relaxed);
-        if p >= fan_out {
-            return Ok(());
+    /// `take` of some rows of `batch`, reserved first (by the rows' share of the
+    /// batch's bytes, spilling if needed) and then corrected to what it really holds.
+    fn reserved_take(&self, batch: &RecordBatch, rows: &UInt32Array, batch_bytes_total: usize, reservation: &mut MemoryReservation) -> Result<RecordBatch> {
+        let before = reservation.size();
+        let estimate = batch_bytes_total * rows.len() / batch.num_rows().max(1) + 64;
+        self.reserve(reservation, estimate)?;
+        let taken = take_record_batch(batch, rows)?;
+        let actual = batch_bytes(&taken);
+        if actual > estimate {
+            self.reserve(reservation, actual - estimate)?;
+        } else {
+            reservation.shrink(estimate - actual);
         }
-        if cancel.load(Ordering::Relaxed) {
-            return Err(JoinError::Cancelled);
+        debug_assert_eq!(reservation.size(), before + actual);
+        Ok(taken)
+    }
+
+    /// Ends the input: decides which partitions stay in memory, builds their tables,
+    /// closes the spill files.
+    fn finish(&self, num_rows: u64, has_null_key: bool) -> Result<BuiltSide> {
+        let plan = self.plan();
+        let fan_out = self.level.bits.fan_out();
+        // Tests can force the spill path on any input (level 0 only).
+        let forced = (self.level.force_spill_fraction * fan_out as f64).ceil() as usize;
+        for p in 0..forced.min(fan_out) {
+            let mut state = lock(&self.state);
+            let state = &mut *state;
+            if state.partitions[p].writer.is_none() && state.partitions[p].total_rows > 0 {
+                self.spill_partition(&mut state.partitions[p], &mut state.reservation, p)?;
+            }
         }
-        let buffer = std::mem::take(&mut *lock(&buffers[p]));
-        let mut mine = base.new_empty();
-        let partition = finish_partition(plan, buffer, &mut mine, &shared_reservation)?;
-        lock(&shared_reservation).merge(mine.take());
-        *lock(&built[p]) = Some(partition);
-    })?;
-    let partitions = built
-        .into_iter()
-        .map(|slot| {
-            slot.into_inner()
-                .unwrap_or_else(|p| p.into_inner())
-                .ok_or_else(|| JoinError::InvalidJoin("internal: a partition was not built".into()))
+        // Leave room for the probe: a few batches per worker.
+        let headroom = (self.largest_batch_bytes.load(Ordering::Relaxed).max(64 * 1024) * 4 * plan.threads)
+            .min(plan.pool.limit().bytes() / 4);
+        let mut headroom_reservation = self.base.new_empty();
+        self.reserve(&mut headroom_reservation, headroom)?;
+        // Tables for the in-memory partitions, smallest first; spill the largest
+        // remaining partitions while they do not fit.
+        let mut tables = self.base.new_empty();
+        let mut planned = vec![false; fan_out];
+        let mut order: Vec<usize> = (0..fan_out).collect();
+        order.sort_by_key(|&p| lock(&self.state).partitions[p].bytes);
+        for p in order {
+            loop {
+                let need = {
+                    let state = lock(&self.state);
+                    let part = &state.partitions[p];
+                    if part.writer.is_some() || part.total_rows == 0 {
+                        break;
+                    }
+                    finish_bytes(plan, part)
+                };
+                if tables.try_grow(need).is_ok() {
+                    planned[p] = true;
+                    break;
+                }
+                if !self.spill_something(Some(&planned))? {
+                    return Err(tables.try_grow(need).map_err(JoinError::from).err().unwrap_or_else(|| {
+                        JoinError::InvalidJoin("internal: no memory and nothing to spill".into())
+                    }));
+                }
+            }
+        }
+        drop(headroom_reservation);
+
+        let state = {
+            let mut state = lock(&self.state);
+            CollectorState {
+                partitions: std::mem::take(&mut state.partitions),
+                unmatchable: std::mem::take(&mut state.unmatchable),
+                reservation: state.reservation.take(),
+            }
+        };
+        let mut reservation = state.reservation;
+        reservation.merge(tables.take());
+        let unmatchable = self.finish_unmatchable(state.unmatchable, &mut reservation)?;
+        let reservation = Mutex::new(reservation);
+        let slots: Vec<Mutex<Option<PartitionBuffer>>> =
+            state.partitions.into_iter().map(|b| Mutex::new(Some(b))).collect();
+        let built: Vec<Mutex<Option<Partition>>> = (0..fan_out).map(|_| Mutex::default()).collect();
+        let next = AtomicUsize::new(0);
+        run_workers(plan.threads, self.ctx.cancel, || loop {
+            let p = next.fetch_add(1, Ordering::Relaxed);
+            if p >= fan_out {
+                return Ok(());
+            }
+            if self.ctx.cancel.load(Ordering::Relaxed) {
+                return Err(JoinError::Cancelled);
+            }
+            let Some(mut buffer) = lock(&slots[p]).take() else {
+                continue;
+            };
+            let partition = match buffer.writer.take() {
+                Some(writer) => {
+                    buffer.writer = Some(writer);
+                    {
+                        let mut res = lock(&reservation);
+                        self.flush(&mut buffer, &mut res, p)?;
+                    }
+                    let file = buffer
+                        .writer
+                        .take()
+                        .map(|w| w.finish())
+                        .transpose()?
+                        .ok_or_else(|| JoinError::InvalidJoin("internal: lost a spill writer".into()))?;
+                    Partition::Spilled(SpilledPartition {
+                        file,
+                        bloom: buffer.bloom.take(),
+                    })
+                }
+                None => {
+                    let held = if buffer.total_rows > 0 { buffer.bytes + finish_bytes(plan, &buffer) } else { 0 };
+                    Partition::InMemory(finish_partition(plan, buffer, held, &reservation)?)
+                }
+            };
+            *lock(&built[p]) = Some(partition);
+        })?;
+        let partitions = built
+            .into_iter()
+            .map(|slot| {
+                slot.into_inner()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .ok_or_else(|| JoinError::InvalidJoin("internal: a partition was not built".into()))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(BuiltSide {
+            partitions,
+            unmatchable,
+            num_rows,
+            has_null_key,
+            reservation: reservation.into_inner().unwrap_or_else(|p| p.into_inner()),
         })
-        .collect::<Result<Vec<_>>>()?;
-    Ok(BuiltSide {
-        partitions,
-        unmatchable: unmatchable.into_inner().unwrap_or_else(|p| p.into_inner()),
-        num_rows: num_rows.into_inner(),
-        has_null_key: has_null_key.into_inner(),
-        _reservation: reservation,
-    })
+    }
+
+    /// Closes the unmatchable rows' file, or keeps them in memory.
+    fn finish_unmatchable(&self, mut buffer: PartitionBuffer, reservation: &mut MemoryReservation) -> Result<Unmatchable> {
+        if buffer.writer.is_none() {
+            return Ok(Unmatchable {
+                batches: buffer.fragments.into_iter().map(|(b, _)| b).collect(),
+                file: None,
+            });
+        }
+        self.spill_unmatchable(&mut buffer, reservation)?;
+        Ok(Unmatchable {
+            batches: Vec::new(),
+            file: buffer.writer.take().map(|w| w.finish()).transpose()?,
+        })
+    }
 }
 
-/// `take` of some rows of `batch`, reserved first (by the rows' share of the batch's
-/// bytes) and then corrected to the bytes it really holds.
-fn reserved_take(
-    batch: &RecordBatch,
-    rows: &UInt32Array,
-    batch_bytes_total: usize,
-    reservation: &mut MemoryReservation,
-) -> Result<RecordBatch> {
-    let before = reservation.size();
-    let estimate = batch_bytes_total * rows.len() / batch.num_rows().max(1) + 64;
-    reservation.try_grow(estimate)?;
-    let taken = take_record_batch(batch, rows)?;
-    reservation.try_resize(before + batch_bytes(&taken))?;
-    Ok(taken)
+/// The bytes finishing an in-memory partition needs on top of its fragments: the
+/// concatenated batch while both exist, the key encoding and the table.
+fn finish_bytes(plan: &JoinPlan, part: &PartitionBuffer) -> usize {
+    let rows = part.rows;
+    let concat = if part.fragments.len() > 1 { part.bytes } else { 0 };
+    let keys = if plan.keys.is_word_key() {
+        rows * 9
+    } else {
+        part.bytes / 2 + rows * 12
+    };
+    concat + keys + ChainedTable::size_for(rows)
 }
 
-/// Concatenates a partition's fragments and builds its table. Memory for the new
-/// buffers is reserved in `mine` before they are made; the fragments' bytes are given
-/// back (from the shared reservation that holds them) once they are dropped.
-fn finish_partition(
+/// Reads the whole build input of one level into partitions, spilling as needed, and
+/// builds the tables of the partitions that stay in memory.
+pub(crate) fn build_side<I>(ctx: &Ctx<'_>, level: Level, input: Vec<I>) -> Result<BuiltSide>
+where
+    I: Iterator<Item = Result<RecordBatch, ArrowError>> + Send,
+{
+    let collector = BuildCollector::new(ctx, level);
+    let input = InputStreams::new(input);
+    let num_rows = AtomicU64::new(0);
+    let has_null_key = AtomicBool::new(false);
+    run_workers(ctx.plan.threads, ctx.cancel, || collector.collect(&input, &num_rows, &has_null_key))?;
+    collector.finish(num_rows.into_inner(), has_null_key.into_inner())
+}
+
+/// Concatenates a partition's fragments and builds its table. `held` bytes were
+/// reserved for it in `reservation` (its fragments and what [`finish_bytes`] asked
+/// for), which is corrected to what the partition really holds.
+pub(crate) fn finish_partition(
     plan: &JoinPlan,
     buffer: PartitionBuffer,
-    mine: &mut MemoryReservation,
-    shared: &Mutex<&mut MemoryReservation>,
+    held: usize,
+    reservation: &Mutex<MemoryReservation>,
 ) -> Result<BuiltPartition> {
     if buffer.rows > MAX_TABLE_ROWS {
         return Err(JoinError::InvalidJoin(format!(
@@ -277,33 +699,19 @@ fn finish_partition(
             buffer.rows
         )));
     }
-    let fragment_bytes: usize = buffer
-        .fragments
-        .iter()
-        .map(|(b, h)| batch_bytes(b) + h.capacity() * 8)
-        .sum();
     let (batch, hashes) = match buffer.fragments.len() {
-        0 => (
-            RecordBatch::new_empty(Arc::clone(&plan.build_schema)),
-            Vec::new(),
-        ),
-        1 => buffer.fragments.into_iter().next().unwrap_or_else(|| {
-            (
-                RecordBatch::new_empty(Arc::clone(&plan.build_schema)),
-                Vec::new(),
-            )
-        }),
+        0 => (RecordBatch::new_empty(Arc::clone(&plan.build_schema)), Vec::new()),
+        1 => buffer
+            .fragments
+            .into_iter()
+            .next()
+            .unwrap_or_else(|| (RecordBatch::new_empty(Arc::clone(&plan.build_schema)), Vec::new())),
         _ => {
-            mine.try_grow(fragment_bytes + buffer.rows * 8)?;
-            let batch =
-                concat_batches(&plan.build_schema, buffer.fragments.iter().map(|(b, _)| b))?;
+            let batch = concat_batches(&plan.build_schema, buffer.fragments.iter().map(|(b, _)| b))?;
             let mut hashes = Vec::with_capacity(buffer.rows);
             for (_, h) in &buffer.fragments {
                 hashes.extend_from_slice(h);
             }
-            drop(buffer.fragments);
-            lock(shared).shrink(fragment_bytes);
-            mine.try_resize(batch_bytes(&batch) + hashes.capacity() * 8)?;
             (batch, hashes)
         }
     };
@@ -313,12 +721,15 @@ fn finish_partition(
         .iter()
         .map(|&i| crate::keys::normalize(batch.column(i)))
         .collect::<Result<Vec<_>>>()?;
-    let before = mine.size();
-    mine.try_grow(KeyRepr::estimate_size(&key_columns, batch.num_rows()))?;
     let keys = plan.keys.keys_of(key_columns)?;
-    mine.try_resize(before + keys.repr.size())?;
-    mine.try_grow(ChainedTable::size_for(hashes.len()))?;
     let table = ChainedTable::build(&hashes, |_| true);
+    let actual = batch_bytes(&batch) + hashes.capacity() * 8 + keys.repr.size() + table.size();
+    {
+        let mut res = lock(reservation);
+        let size = res.size();
+        res.shrink(held.min(size));
+        res.grow(actual);
+    }
     Ok(BuiltPartition {
         batch,
         hashes,

@@ -6,26 +6,25 @@
 //! Dropping the stream stops the join, waits for its threads, and releases every
 //! reservation.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use arrow_array::RecordBatch;
 use arrow_schema::{ArrowError, SchemaRef};
-use crossbeam::channel::{bounded, Receiver, Sender};
-use spilljoin_memory::{MemoryConsumer, MemoryPool, UnboundedMemoryPool};
-use spilljoin_spill::SpillManager;
+use crossbeam::channel::{bounded, Receiver};
+use spilljoin_memory::{MemoryPool, UnboundedMemoryPool};
+use spilljoin_spill::{SpillConfig, SpillManager};
 
-use crate::build::{batch_bytes, build_side, run_workers};
+use crate::exec::{run, Ctx, SharedMetrics};
 use crate::error::{JoinError, Result, Side};
 use crate::filter::{JoinFilter, ResolvedFilter};
 use crate::join_type::JoinType;
 use crate::keys::{KeySpec, NullEquality};
-use crate::output::{OutputLayout, OutputSink};
+use crate::output::OutputLayout;
 use crate::partition::{HashBits, MAX_PARTITION_BITS};
 use crate::plan::JoinPlan;
-use crate::probe::{emit_build_rows, ProbeState, Prober};
 
 /// The default output batch size in rows.
 pub const DEFAULT_BATCH_SIZE_ROWS: usize = 8192;
@@ -84,6 +83,7 @@ pub struct HashJoinBuilder {
     threads: usize,
     projection: Option<Vec<usize>>,
     partition_bits: u32,
+    force_spill_fraction: Option<f64>,
 }
 
 impl HashJoinBuilder {
@@ -108,6 +108,7 @@ impl HashJoinBuilder {
             threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
             projection: None,
             partition_bits: DEFAULT_PARTITION_BITS,
+            force_spill_fraction: None,
         }
     }
 
@@ -135,8 +136,8 @@ impl HashJoinBuilder {
         self
     }
 
-    /// Where the join may spill. (Builds that do not fit fail with
-    /// [`JoinError::ResourcesExhausted`] until the spilling join lands.)
+    /// Where the join spills what does not fit (default: a private directory under
+    /// the system temp dir, made when the join starts).
     pub fn with_spill_manager(mut self, spill: SpillManager) -> Self {
         self.spill = Some(spill);
         self
@@ -165,6 +166,14 @@ impl HashJoinBuilder {
     /// Radix bits of the build partitioning (0 to 8); the output does not depend on it.
     pub fn with_partition_bits(mut self, bits: u32) -> Self {
         self.partition_bits = bits;
+        self
+    }
+
+    /// Spills this fraction (0 to 1) of the build partitions whatever the memory, so
+    /// that the spilling code runs on small inputs (tests). Without it, the
+    /// `SPILLJOIN_FORCE_SPILL` environment variable decides (`all` or a fraction).
+    pub fn with_force_spill(mut self, fraction: f64) -> Self {
+        self.force_spill_fraction = Some(fraction.clamp(0.0, 1.0));
         self
     }
 
@@ -238,6 +247,7 @@ impl HashJoinBuilder {
                 batch_size: self.batch_size_rows,
                 threads: self.threads,
                 bits: HashBits::new(self.partition_bits),
+                force_spill_fraction: self.force_spill_fraction,
             }),
         })
     }
@@ -262,18 +272,29 @@ pub struct JoinMetrics {
     pub build_time: Duration,
     /// Time spent probing.
     pub probe_time: Duration,
-    /// The most bytes the join had reserved at once (its own reservations).
+    /// Time spent joining spilled partitions after the probe input ended.
+    pub spilled_time: Duration,
+    /// The most bytes the pool had reserved at once, as seen by the join.
     pub peak_reserved_bytes: u64,
-}
-
-#[derive(Debug, Default)]
-struct SharedMetrics {
-    build_rows: AtomicU64,
-    probe_rows: AtomicU64,
-    output_rows: AtomicU64,
-    build_nanos: AtomicU64,
-    probe_nanos: AtomicU64,
-    peak_reserved_bytes: AtomicU64,
+    /// Build rows written to spill files (at every level).
+    pub build_rows_spilled: u64,
+    /// Bytes of build spill files written (at every level).
+    pub build_bytes_spilled: u64,
+    /// Probe rows written to spill files (at every level).
+    pub probe_rows_spilled: u64,
+    /// Bytes of probe spill files written (at every level).
+    pub probe_bytes_spilled: u64,
+    /// Probe rows of spilled partitions that the bloom filters showed could not match,
+    /// so they were never written.
+    pub probe_rows_skipped: u64,
+    /// Spill files created.
+    pub spill_files: u64,
+    /// Build partitions spilled (at every level).
+    pub partitions_spilled: u64,
+    /// The deepest recursion level reached (0: nothing was repartitioned).
+    pub max_depth: u64,
+    /// Spilled partitions joined by the chunked fallback (one key dominated).
+    pub fallbacks: u64,
 }
 
 impl HashJoin {
@@ -333,6 +354,14 @@ impl HashJoin {
         R: Iterator<Item = Result<RecordBatch, ArrowError>> + Send + 'static,
     {
         let plan = Arc::clone(&self.plan);
+        let spill = match &plan.spill {
+            Some(spill) => spill.clone(),
+            None => SpillManager::new(SpillConfig::default())?,
+        };
+        let force_spill_fraction = match plan.force_spill_fraction {
+            Some(f) => f,
+            None => force_spill_from_env(),
+        };
         let (sender, receiver) = bounded(plan.threads * 2);
         let cancel = Arc::new(AtomicBool::new(false));
         let metrics = Arc::new(SharedMetrics::default());
@@ -341,9 +370,16 @@ impl HashJoin {
             std::thread::Builder::new()
                 .name("spilljoin".into())
                 .spawn(move || {
+                    let ctx = Ctx {
+                        plan: &plan,
+                        spill,
+                        sender: &sender,
+                        cancel: &cancel,
+                        metrics: &metrics,
+                    };
                     let result = match plan.build_side {
-                        Side::Right => run(&plan, right, left, &sender, &cancel, &metrics),
-                        Side::Left => run(&plan, left, right, &sender, &cancel, &metrics),
+                        Side::Right => run(&ctx, right, left, force_spill_fraction),
+                        Side::Left => run(&ctx, left, right, force_spill_fraction),
                     };
                     match result {
                         Ok(()) | Err(JoinError::Cancelled) => {}
@@ -368,98 +404,16 @@ impl HashJoin {
     }
 }
 
-/// Runs a whole join on the calling thread and its workers.
-fn run<B, P>(
-    plan: &JoinPlan,
-    build_input: Vec<B>,
-    probe_input: Vec<P>,
-    sender: &Sender<Result<RecordBatch>>,
-    cancel: &AtomicBool,
-    metrics: &SharedMetrics,
-) -> Result<()>
-where
-    B: Iterator<Item = Result<RecordBatch, ArrowError>> + Send,
-    P: Iterator<Item = Result<RecordBatch, ArrowError>> + Send,
-{
-    let start = Instant::now();
-    let built = build_side(plan, build_input, cancel)?;
-    metrics.build_rows.store(built.num_rows, Ordering::Relaxed);
-    metrics
-        .peak_reserved_bytes
-        .fetch_max(plan.pool.reserved() as u64, Ordering::Relaxed);
-    metrics
-        .build_nanos
-        .store(start.elapsed().as_nanos() as u64, Ordering::Relaxed);
+/// The environment variable that forces the spill path: `all`, or a fraction of the
+/// level-0 partitions from 0 to 1 (see [`HashJoinBuilder::with_force_spill`]).
+pub const FORCE_SPILL_ENV: &str = "SPILLJOIN_FORCE_SPILL";
 
-    let start = Instant::now();
-    let probe_consumer = MemoryConsumer::new("spilljoin probe").register(&plan.pool);
-    let state = ProbeState::new(plan, &built, probe_consumer.new_empty())?;
-    let probe_input = InputStreams::new(probe_input);
-    run_workers(plan.threads, cancel, || {
-        let mut current = None;
-        let mut reservation = probe_consumer.new_empty();
-        reservation.try_grow(Prober::bytes_for(plan.batch_size, plan.batch_size))?;
-        let mut prober = Prober::new(plan, &built, &state);
-        let mut sink = OutputSink::new(plan.output.schema.clone(), plan.batch_size, sender.clone());
-        loop {
-            if cancel.load(Ordering::Relaxed) {
-                return Err(JoinError::Cancelled);
-            }
-            let batch = match probe_input.next(&mut current) {
-                None => break,
-                Some(Err(source)) => {
-                    return Err(JoinError::Input {
-                        side: plan.probe_side(),
-                        source,
-                    })
-                }
-                Some(Ok(batch)) => batch,
-            };
-            plan.check_batch(&batch, false)?;
-            metrics
-                .probe_rows
-                .fetch_add(batch.num_rows() as u64, Ordering::Relaxed);
-            let bytes = batch_bytes(&batch);
-            reservation.try_grow(bytes)?;
-            prober.probe(&batch, &mut sink)?;
-            reservation.shrink(bytes);
-            metrics
-                .peak_reserved_bytes
-                .fetch_max(plan.pool.reserved() as u64, Ordering::Relaxed);
-        }
-        sink.finish()?;
-        metrics
-            .output_rows
-            .fetch_add(sink.rows(), Ordering::Relaxed);
-        Ok(())
-    })?;
-
-    if plan.resolved.emits_build_rows_at_end() {
-        let next = std::sync::atomic::AtomicUsize::new(0);
-        run_workers(plan.threads, cancel, || {
-            let mut sink =
-                OutputSink::new(plan.output.schema.clone(), plan.batch_size, sender.clone());
-            loop {
-                let p = next.fetch_add(1, Ordering::Relaxed);
-                if p >= built.partitions.len() {
-                    break;
-                }
-                if cancel.load(Ordering::Relaxed) {
-                    return Err(JoinError::Cancelled);
-                }
-                emit_build_rows(plan, &built, &state, p, &mut sink)?;
-            }
-            sink.finish()?;
-            metrics
-                .output_rows
-                .fetch_add(sink.rows(), Ordering::Relaxed);
-            Ok(())
-        })?;
+fn force_spill_from_env() -> f64 {
+    match std::env::var(FORCE_SPILL_ENV) {
+        Ok(v) if v.eq_ignore_ascii_case("all") => 1.0,
+        Ok(v) => v.parse::<f64>().map_or(0.0, |f| f.clamp(0.0, 1.0)),
+        Err(_) => 0.0,
     }
-    metrics
-        .probe_nanos
-        .store(start.elapsed().as_nanos() as u64, Ordering::Relaxed);
-    Ok(())
 }
 
 /// Several streams of one input, read by many workers: each worker keeps reading the
@@ -523,7 +477,17 @@ impl JoinStream {
             output_rows: m.output_rows.load(Ordering::Relaxed),
             build_time: Duration::from_nanos(m.build_nanos.load(Ordering::Relaxed)),
             probe_time: Duration::from_nanos(m.probe_nanos.load(Ordering::Relaxed)),
+            spilled_time: Duration::from_nanos(m.spilled_nanos.load(Ordering::Relaxed)),
             peak_reserved_bytes: m.peak_reserved_bytes.load(Ordering::Relaxed),
+            build_rows_spilled: m.build_rows_spilled.load(Ordering::Relaxed),
+            build_bytes_spilled: m.build_bytes_spilled.load(Ordering::Relaxed),
+            probe_rows_spilled: m.probe_rows_spilled.load(Ordering::Relaxed),
+            probe_bytes_spilled: m.probe_bytes_spilled.load(Ordering::Relaxed),
+            probe_rows_skipped: m.probe_rows_skipped.load(Ordering::Relaxed),
+            spill_files: m.spill_files.load(Ordering::Relaxed),
+            partitions_spilled: m.partitions_spilled.load(Ordering::Relaxed),
+            max_depth: m.max_depth.load(Ordering::Relaxed),
+            fallbacks: m.fallbacks.load(Ordering::Relaxed),
         }
     }
 

@@ -105,6 +105,11 @@ impl KeyRepr {
 }
 
 impl KeySpec {
+    /// Whether keys are single fixed-width words ([`KeyRepr::Words`]).
+    pub fn is_word_key(&self) -> bool {
+        self.converter.is_none()
+    }
+
     /// Resolves `on` (pairs of left and right column names) against the two schemas.
     ///
     /// # Errors

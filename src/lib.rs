@@ -22,8 +22,10 @@
 //! Start at [`HashJoinBuilder`].
 #![warn(missing_docs)]
 
+mod bloom;
 mod build;
 mod error;
+mod exec;
 pub mod filter;
 pub mod hash;
 mod join;
@@ -36,10 +38,11 @@ mod probe;
 pub mod table;
 
 pub use error::{JoinError, Result, Side};
+pub use exec::MAX_DEPTH;
 pub use filter::{FilterPredicate, JoinFilter};
 pub use join::{
     HashJoin, HashJoinBuilder, JoinMetrics, JoinStream, DEFAULT_BATCH_SIZE_ROWS,
-    DEFAULT_PARTITION_BITS,
+    DEFAULT_PARTITION_BITS, FORCE_SPILL_ENV,
 };
 pub use join_type::{BuildJoinType, JoinType};
 pub use keys::NullEquality;

@@ -35,6 +35,7 @@ pub(crate) struct JoinPlan {
     pub batch_size: usize,
     pub threads: usize,
     pub bits: HashBits,
+    pub force_spill_fraction: Option<f64>,
 }
 
 impl JoinPlan {

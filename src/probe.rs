@@ -17,18 +17,25 @@
 
 use std::ops::ControlFlow;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 
 use arrow_array::{Array, BooleanArray, RecordBatch, UInt32Array};
 use arrow_buffer::BooleanBuffer;
+use arrow_schema::SchemaRef;
+use arrow_select::concat::concat_batches;
+use arrow_select::take::take_record_batch;
 use spilljoin_memory::MemoryReservation;
+use spilljoin_spill::{SpillFile, SpillWriter};
 
-use crate::build::{BuiltPartition, BuiltSide};
-use crate::error::Result;
+use crate::bloom::Bloom;
+use crate::build::{attach_hashes, batch_bytes, lock, with_hash_column, BuiltPartition, BuiltSide, Partition, Unmatchable};
+use crate::error::{JoinError, Result};
+use crate::exec::{Ctx, Facts, Level};
 use crate::hash::hash_keys;
 use crate::join_type::BuildJoinType;
 use crate::keys::{KeyEq, KeyRepr, Keys, NullEquality, NullableWordEq, RowsEq, WordEq};
 use crate::output::OutputSink;
-use crate::partition::PartitionedRows;
+use crate::partition::{HashBits, PartitionedRows};
 use crate::plan::JoinPlan;
 
 /// Visited bits of one partition's build rows, set by many probe threads at once.
@@ -63,54 +70,156 @@ impl VisitedBits {
     }
 }
 
+/// Probe rows bound for one spilled partition, buffered and written a batch at a time.
+#[derive(Debug)]
+pub(crate) struct ProbeSpill {
+    pending: Vec<RecordBatch>,
+    rows: usize,
+    writer: Option<SpillWriter>,
+    reservation: MemoryReservation,
+    label: String,
+}
+
 /// The mutable state of one execution against a built side.
 #[derive(Debug)]
 pub(crate) struct ProbeState {
     /// Visited bits per partition, for joins that output build rows at the end.
     pub visited: Vec<VisitedBits>,
-    /// Whether the probe input had any row.
+    /// Whether the probe input had any row (this level's, or inherited).
     pub probe_non_empty: AtomicBool,
-    /// Whether some probe row had a null key.
+    /// Whether some probe row had a null key (this level's, or inherited).
     pub probe_has_null: AtomicBool,
+    /// Per partition: where probe rows of spilled partitions go.
+    spills: Vec<Option<Mutex<ProbeSpill>>>,
+    spill_schema: SchemaRef,
     _reservation: MemoryReservation,
 }
 
 impl ProbeState {
     /// Fresh state for probing `built`; visited bits are reserved in `reservation`.
     pub fn new(
-        plan: &JoinPlan,
+        ctx: &Ctx<'_>,
+        level: Level,
         built: &BuiltSide,
         mut reservation: MemoryReservation,
+        facts: Facts,
     ) -> Result<Self> {
+        let plan = ctx.plan;
+        let rows_of = |p: &Partition| match p {
+            Partition::InMemory(part) => part.batch.num_rows(),
+            Partition::Spilled(_) => 0,
+        };
         let visited = if plan.resolved.tracks_visited_build_rows() {
-            let bytes = built
-                .partitions
-                .iter()
-                .map(|p| VisitedBits::bytes_for(p.batch.num_rows()))
-                .sum();
+            let bytes = built.partitions.iter().map(|p| VisitedBits::bytes_for(rows_of(p))).sum();
             reservation.try_grow(bytes)?;
-            built
-                .partitions
-                .iter()
-                .map(|p| VisitedBits::new(p.batch.num_rows()))
-                .collect()
+            built.partitions.iter().map(|p| VisitedBits::new(rows_of(p))).collect()
         } else {
             Vec::new()
         };
+        let spills = built
+            .partitions
+            .iter()
+            .enumerate()
+            .map(|(p, part)| {
+                matches!(part, Partition::Spilled(_)).then(|| {
+                    Mutex::new(ProbeSpill {
+                        pending: Vec::new(),
+                        rows: 0,
+                        writer: None,
+                        reservation: reservation.new_empty(),
+                        label: format!("probe-d{}-p{p}", level.depth),
+                    })
+                })
+            })
+            .collect();
         Ok(Self {
             visited,
-            probe_non_empty: AtomicBool::new(false),
-            probe_has_null: AtomicBool::new(false),
+            probe_non_empty: AtomicBool::new(facts.probe_non_empty),
+            probe_has_null: AtomicBool::new(facts.probe_has_null),
+            spills,
+            spill_schema: with_hash_column(&plan.probe_schema),
             _reservation: reservation,
         })
+    }
+
+    /// The probe facts seen so far.
+    pub fn facts(&self) -> Facts {
+        Facts {
+            probe_non_empty: self.probe_non_empty.load(Ordering::Relaxed),
+            probe_has_null: self.probe_has_null.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Appends probe rows (with their hashes) to partition `p`'s spill file.
+    fn spill_rows(&self, ctx: &Ctx<'_>, p: usize, batch: RecordBatch, hashes: Vec<u64>) -> Result<()> {
+        let Some(spill) = self.spills.get(p).and_then(|s| s.as_ref()) else {
+            return Err(JoinError::InvalidJoin("internal: routing to an unspilled partition".into()));
+        };
+        let batch = attach_hashes(&batch, hashes, &self.spill_schema)?;
+        let bytes = batch_bytes(&batch);
+        let mut spill = lock(spill);
+        if spill.reservation.try_grow(bytes).is_err() {
+            self.flush(ctx, &mut spill)?;
+            spill.reservation.try_grow(bytes)?;
+        }
+        spill.rows += batch.num_rows();
+        spill.pending.push(batch);
+        if spill.rows >= ctx.plan.batch_size {
+            self.flush(ctx, &mut spill)?;
+        }
+        Ok(())
+    }
+
+    fn flush(&self, ctx: &Ctx<'_>, spill: &mut ProbeSpill) -> Result<()> {
+        if spill.pending.is_empty() {
+            return Ok(());
+        }
+        if spill.writer.is_none() {
+            spill.writer = Some(ctx.spill.create_writer(Arc::clone(&self.spill_schema), &spill.label)?);
+            ctx.metrics.spill_files.fetch_add(1, Ordering::Relaxed);
+        }
+        let pending = std::mem::take(&mut spill.pending);
+        let merged = concat_batches(&self.spill_schema, &pending)?;
+        drop(pending);
+        let writer = spill.writer.as_mut().ok_or_else(|| JoinError::InvalidJoin("internal: no writer".into()))?;
+        let before = writer.bytes_written();
+        writer.write(&merged)?;
+        ctx.metrics.probe_bytes_spilled.fetch_add(writer.bytes_written() - before, Ordering::Relaxed);
+        ctx.metrics.probe_rows_spilled.fetch_add(merged.num_rows() as u64, Ordering::Relaxed);
+        spill.rows = 0;
+        spill.reservation.free();
+        Ok(())
+    }
+
+    /// Writes what is buffered and closes the probe spill files, one per spilled
+    /// partition that received rows.
+    pub fn finish_spills(self, ctx: &Ctx<'_>) -> Result<Vec<Option<SpillFile>>> {
+        let mut files = Vec::with_capacity(self.spills.len());
+        for spill in &self.spills {
+            files.push(match spill {
+                None => None,
+                Some(spill) => {
+                    let mut spill = lock(spill);
+                    self.flush(ctx, &mut spill)?;
+                    spill.writer.take().map(|w| w.finish()).transpose()?
+                }
+            });
+        }
+        Ok(files)
     }
 }
 
 /// One probe worker's buffers, reused from batch to batch.
 pub(crate) struct Prober<'a> {
     plan: &'a JoinPlan,
+    ctx: &'a Ctx<'a>,
+    bits: HashBits,
     built: &'a BuiltSide,
     state: &'a ProbeState,
+    /// Whether probe rows (unmatched, semi, anti, mark, not-in) are output per batch.
+    output_probe_rows: bool,
+    /// Per probe row of the current batch: sent to a spill file, decided later?
+    deferred: Vec<bool>,
     hashes: Vec<u64>,
     grouped: PartitionedRows,
     /// Per probe row of the current batch: matched (and passed the filter)?
@@ -121,17 +230,33 @@ pub(crate) struct Prober<'a> {
 }
 
 impl<'a> Prober<'a> {
-    pub fn new(plan: &'a JoinPlan, built: &'a BuiltSide, state: &'a ProbeState) -> Self {
+    pub fn new(ctx: &'a Ctx<'a>, bits: HashBits, built: &'a BuiltSide, state: &'a ProbeState) -> Self {
         Self {
-            plan,
+            plan: ctx.plan,
+            ctx,
+            bits,
             built,
             state,
+            output_probe_rows: true,
+            deferred: Vec::new(),
             hashes: Vec::new(),
             grouped: PartitionedRows::default(),
             matched: Vec::new(),
-            pair_probe: Vec::with_capacity(plan.batch_size),
-            pair_build: Vec::with_capacity(plan.batch_size),
+            pair_probe: Vec::with_capacity(ctx.plan.batch_size),
+            pair_build: Vec::with_capacity(ctx.plan.batch_size),
         }
+    }
+
+    /// Leaves probe rows to the caller, who reads [`matched`](Self::matched) after each
+    /// batch (the chunked fallback, where a row's fate depends on every chunk).
+    pub fn without_probe_row_output(mut self) -> Self {
+        self.output_probe_rows = false;
+        self
+    }
+
+    /// Per row of the last probed batch: matched (and passed the filter)?
+    pub fn matched(&self) -> &[bool] {
+        &self.matched
     }
 
     /// The bytes this worker's buffers hold at most for batches of `rows` rows
@@ -141,7 +266,7 @@ impl<'a> Prober<'a> {
     }
 
     /// Probes one batch and sends its output.
-    pub fn probe(&mut self, batch: &RecordBatch, sink: &mut OutputSink) -> Result<()> {
+    pub fn probe(&mut self, batch: &RecordBatch, stored_hashes: Option<&[u64]>, sink: &mut OutputSink) -> Result<()> {
         let plan = self.plan;
         let n = batch.num_rows();
         if n == 0 {
@@ -155,25 +280,63 @@ impl<'a> Prober<'a> {
         let resolved = plan.resolved;
         self.matched.clear();
         self.matched.resize(n, false);
+        self.deferred.clear();
+        self.deferred.resize(n, false);
 
         // NOT IN with the subquery on the build side: two facts decide most rows.
         let skip_lookup = resolved == BuildJoinType::ProbeNotIn
             && (self.built.num_rows == 0 || self.built.has_null_key);
         if !skip_lookup {
-            hash_keys(&keys.columns, n, &mut self.hashes)?;
+            match stored_hashes {
+                Some(stored) => {
+                    self.hashes.clear();
+                    self.hashes.extend_from_slice(stored);
+                }
+                None => hash_keys(&keys.columns, n, &mut self.hashes)?,
+            }
             let never_matches = plan.nulls_never_match();
             let keys_ref = &keys;
-            self.grouped.group(plan.bits, &self.hashes, |row| {
+            self.grouped.group(self.bits, &self.hashes, |row| {
                 !(never_matches && keys_ref.is_null(row))
             });
-            for p in 0..plan.bits.fan_out() {
+            for p in 0..self.bits.fan_out() {
                 if self.grouped.partition(p).is_empty() {
                     continue;
                 }
-                self.probe_partition(batch, &keys, p, sink)?;
+                match &self.built.partitions[p] {
+                    Partition::InMemory(_) => self.probe_partition(batch, &keys, p, sink)?,
+                    Partition::Spilled(spilled) => self.route(batch, p, spilled.bloom.as_ref())?,
+                }
             }
         }
-        self.emit_probe_rows(batch, &keys, sink)
+        if self.output_probe_rows {
+            self.emit_probe_rows(batch, &keys, sink)?;
+        }
+        Ok(())
+    }
+
+    /// Sends the rows of spilled partition `p` that may match to its probe spill file;
+    /// the others cannot match and stay unmatched in this batch.
+    fn route(&mut self, batch: &RecordBatch, p: usize, bloom: Option<&Bloom>) -> Result<()> {
+        let rows: Vec<u32> = self
+            .grouped
+            .partition(p)
+            .iter()
+            .copied()
+            .filter(|&r| bloom.is_none_or(|b| b.may_contain(self.hashes[r as usize])))
+            .collect();
+        let ctx = self.ctx;
+        let skipped = self.grouped.partition(p).len() - rows.len();
+        ctx.metrics.probe_rows_skipped.fetch_add(skipped as u64, Ordering::Relaxed);
+        if rows.is_empty() {
+            return Ok(());
+        }
+        for &r in &rows {
+            self.deferred[r as usize] = true;
+        }
+        let hashes: Vec<u64> = rows.iter().map(|&r| self.hashes[r as usize]).collect();
+        let fragment = take_record_batch(batch, &UInt32Array::from(rows))?;
+        self.state.spill_rows(ctx, p, fragment, hashes)
     }
 
     fn probe_partition(
@@ -183,7 +346,9 @@ impl<'a> Prober<'a> {
         p: usize,
         sink: &mut OutputSink,
     ) -> Result<()> {
-        let part = &self.built.partitions[p];
+        let Partition::InMemory(part) = &self.built.partitions[p] else {
+            return Err(JoinError::InvalidJoin("internal: probing a spilled partition".into()));
+        };
         match (&keys.repr, &part.keys) {
             (
                 KeyRepr::Words {
@@ -228,7 +393,7 @@ impl<'a> Prober<'a> {
                 },
                 sink,
             ),
-            _ => Err(crate::error::JoinError::InvalidJoin(
+            _ => Err(JoinError::InvalidJoin(
                 "internal: build and probe keys differ in representation".into(),
             )),
         }
@@ -361,8 +526,11 @@ impl<'a> Prober<'a> {
     ) -> Result<()> {
         let n = batch.num_rows();
         let output = &self.plan.output;
+        let deferred = &self.deferred;
         let select = |keep: &dyn Fn(usize) -> bool| -> UInt32Array {
-            (0..n as u32).filter(|&r| keep(r as usize)).collect()
+            (0..n as u32)
+                .filter(|&r| !deferred[r as usize] && keep(r as usize))
+                .collect()
         };
         let rows = match self.plan.resolved {
             BuildJoinType::ProbeOuter | BuildJoinType::Full | BuildJoinType::ProbeAnti => {
@@ -379,9 +547,10 @@ impl<'a> Prober<'a> {
                 }
             }
             BuildJoinType::ProbeMark => {
-                let all: UInt32Array = (0..n as u32).collect();
-                let mark = BooleanArray::new(BooleanBuffer::from(self.matched.as_slice()), None);
-                let out = output.gather(n, Some((batch, &all)), None, Some(&mark))?;
+                let rows = select(&|_| true);
+                let marks: Vec<bool> = rows.values().iter().map(|&r| self.matched[r as usize]).collect();
+                let mark = BooleanArray::new(BooleanBuffer::from(marks), None);
+                let out = output.gather(rows.len(), Some((batch, &rows)), None, Some(&mark))?;
                 return sink.push(out);
             }
             _ => return Ok(()),
@@ -398,8 +567,8 @@ impl<'a> Prober<'a> {
     }
 }
 
-/// Outputs the build rows that the join type keeps, once every probe worker is done:
-/// partitions `partition_range` (the unmatchable rows go with partition 0).
+/// Outputs the build rows of in-memory partition `p` that the join type keeps, once
+/// every probe worker is done. Spilled partitions are output by their own level.
 pub(crate) fn emit_build_rows(
     plan: &JoinPlan,
     built: &BuiltSide,
@@ -407,33 +576,41 @@ pub(crate) fn emit_build_rows(
     p: usize,
     sink: &mut OutputSink,
 ) -> Result<()> {
-    let resolved = plan.resolved;
-    let part = &built.partitions[p];
+    let Partition::InMemory(part) = &built.partitions[p] else {
+        return Ok(());
+    };
     let visited = |row: usize| state.visited[p].get(row);
-    let probe_empty = !state.probe_non_empty.load(Ordering::Relaxed);
-    let probe_has_null = state.probe_has_null.load(Ordering::Relaxed);
-    let keep: Box<dyn Fn(usize) -> bool> = match resolved {
+    let facts = state.facts();
+    let keep: Box<dyn Fn(usize) -> bool> = match plan.resolved {
         BuildJoinType::BuildOuter | BuildJoinType::Full | BuildJoinType::BuildAnti => {
             Box::new(|r| !visited(r))
         }
         BuildJoinType::BuildSemi => Box::new(visited),
         BuildJoinType::BuildMark => Box::new(|_| true),
-        BuildJoinType::BuildNotIn if probe_empty => Box::new(|_| true),
-        BuildJoinType::BuildNotIn if probe_has_null => return Ok(()),
+        BuildJoinType::BuildNotIn if !facts.probe_non_empty => Box::new(|_| true),
+        BuildJoinType::BuildNotIn if facts.probe_has_null => return Ok(()),
         BuildJoinType::BuildNotIn => Box::new(|r| !visited(r)),
         _ => return Ok(()),
     };
-    emit_rows(plan, &part.batch, keep, visited, sink)?;
-    // Rows whose key can never match: unmatched by definition.
-    if p == 0 {
-        let keep_unmatchable = match resolved {
-            BuildJoinType::BuildNotIn => probe_empty,
-            other => other.keeps_unmatchable_build_rows(),
-        };
-        if keep_unmatchable {
-            for batch in &built.unmatchable {
-                emit_rows(plan, batch, |_| true, |_| false, sink)?;
-            }
+    emit_rows(plan, &part.batch, keep, visited, sink)
+}
+
+/// Outputs the build rows whose key can never match (unmatched by definition), from
+/// memory and from their spill file.
+pub(crate) fn emit_unmatchable(plan: &JoinPlan, unmatchable: &Unmatchable, facts: Facts, sink: &mut OutputSink) -> Result<()> {
+    let keep = match plan.resolved {
+        BuildJoinType::BuildNotIn => !facts.probe_non_empty,
+        other => other.keeps_unmatchable_build_rows(),
+    };
+    if !keep {
+        return Ok(());
+    }
+    for batch in &unmatchable.batches {
+        emit_rows(plan, batch, |_| true, |_| false, sink)?;
+    }
+    if let Some(file) = &unmatchable.file {
+        for batch in file.reader()? {
+            emit_rows(plan, &batch?, |_| true, |_| false, sink)?;
         }
     }
     Ok(())

@@ -125,11 +125,15 @@ impl OutputWriter {
             "arrow" | "ipc" | "feather" => {
                 Self::Arrow(arrow_ipc::writer::FileWriter::try_new(open()?, schema)?)
             }
-            "csv" => Self::Csv(
-                arrow_csv::WriterBuilder::new()
+            "csv" => {
+                let mut w = arrow_csv::WriterBuilder::new()
                     .with_header(true)
-                    .build(open()?),
-            ),
+                    .build(open()?);
+                // The header goes out with the first batch: write an empty one, so
+                // that an output without rows still names its columns.
+                w.write(&RecordBatch::new_empty(Arc::clone(schema)))?;
+                Self::Csv(w)
+            }
             other => bail!(
                 "cannot tell the output format of {} from {other:?}: use .parquet, .arrow or .csv",
                 path.display()

@@ -1,0 +1,395 @@
+//! Executing a join: one *level* of the hybrid hash join, and what happens to the
+//! partitions it spilled.
+//!
+//! ```text
+//!  run_level(level 0: user inputs)
+//!    build ─► BuiltSide: in-memory partitions + spilled partitions (files, blooms)
+//!    probe ─► in-memory partitions: output now
+//!             spilled partitions: rows that may match ─► probe spill file
+//!                                 rows that cannot (bloom) ─► unmatched now
+//!    emit unmatched/semi/anti/mark build rows of in-memory partitions
+//!    for each spilled (build file, probe file) pair, one at a time, all threads:
+//!       split it? ─► run_level(level + 1: the two files, next hash bits)
+//!       one key dominates (no split) or no hash bits left ─► chunked fallback
+//! ```
+//!
+//! Recursion writes each spilled byte once per level. Its depth is bounded by
+//! [`MAX_DEPTH`] and by the hash bits ([`crate::partition::MAX_TOTAL_PARTITION_BITS`]);
+//! a partition that does not split (one key holds all its rows) goes to the fallback:
+//! the build file is read in chunks that fit, each chunk is joined with the whole
+//! probe file, and per-probe-row match bits carry outer, anti, semi and mark semantics
+//! across chunks.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::Mutex;
+use std::time::Instant;
+
+use arrow_array::{RecordBatch, UInt32Array, BooleanArray};
+use arrow_buffer::ScalarBuffer;
+use arrow_schema::ArrowError;
+use crossbeam::channel::Sender;
+use spilljoin_memory::MemoryConsumer;
+use spilljoin_spill::{SpillError, SpillFile, SpillManager};
+
+use crate::build::{batch_bytes, build_side, detach_hashes, finish_partition, run_workers, with_hash_column, BuiltSide, Partition, PartitionBuffer, Unmatchable};
+use crate::error::{JoinError, Result, Side};
+use crate::join::InputStreams;
+use crate::join_type::BuildJoinType;
+use crate::output::OutputSink;
+use crate::partition::HashBits;
+use crate::plan::JoinPlan;
+use crate::probe::{emit_build_rows, emit_unmatchable, ProbeState, Prober};
+
+/// The deepest recursion level; a partition still too big below it goes to the
+/// fallback. Four levels of 4 bits split a build 2^20 ways (16 at level 0).
+pub const MAX_DEPTH: u32 = 4;
+
+/// Radix bits of every level below the first.
+const SUB_LEVEL_BITS: u32 = 4;
+
+/// Counters of one execution, shared by its threads.
+#[derive(Debug, Default)]
+pub(crate) struct SharedMetrics {
+    pub build_rows: AtomicU64,
+    pub probe_rows: AtomicU64,
+    pub output_rows: AtomicU64,
+    pub build_nanos: AtomicU64,
+    pub probe_nanos: AtomicU64,
+    pub spilled_nanos: AtomicU64,
+    pub peak_reserved_bytes: AtomicU64,
+    pub build_rows_spilled: AtomicU64,
+    pub build_bytes_spilled: AtomicU64,
+    pub probe_rows_spilled: AtomicU64,
+    pub probe_bytes_spilled: AtomicU64,
+    pub probe_rows_skipped: AtomicU64,
+    pub spill_files: AtomicU64,
+    pub partitions_spilled: AtomicU64,
+    pub max_depth: AtomicU64,
+    pub fallbacks: AtomicU64,
+}
+
+/// What every part of one execution shares.
+pub(crate) struct Ctx<'a> {
+    pub plan: &'a JoinPlan,
+    pub spill: SpillManager,
+    pub sender: &'a Sender<Result<RecordBatch>>,
+    pub cancel: &'a AtomicBool,
+    pub metrics: &'a SharedMetrics,
+}
+
+impl Ctx<'_> {
+    /// An input's error: a spill file's error when the input was one.
+    pub fn input_error(&self, side: Side, e: ArrowError) -> JoinError {
+        match e {
+            ArrowError::ExternalError(inner) => match inner.downcast::<SpillError>() {
+                Ok(spill) => JoinError::Spill(*spill),
+                Err(other) => JoinError::Input {
+                    side,
+                    source: ArrowError::ExternalError(other),
+                },
+            },
+            source => JoinError::Input { side, source },
+        }
+    }
+
+    fn sink(&self) -> OutputSink {
+        OutputSink::new(self.plan.output.schema.clone(), self.plan.batch_size, self.sender.clone())
+    }
+
+    fn note_peak(&self) {
+        self.metrics
+            .peak_reserved_bytes
+            .fetch_max(self.plan.pool.reserved() as u64, Ordering::Relaxed);
+    }
+}
+
+/// One level of the hybrid join.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Level {
+    /// The hash bits that pick partitions at this level.
+    pub bits: HashBits,
+    /// 0 for the user's inputs.
+    pub depth: u32,
+    /// Whether input batches carry their hashes (read back from spill files).
+    pub hashed_input: bool,
+    /// Fraction of partitions spilled whatever the memory (tests).
+    pub force_spill_fraction: f64,
+}
+
+impl Level {
+    /// Checks an input batch and splits off its stored hashes, if it has them.
+    pub fn split_input(&self, plan: &JoinPlan, batch: &RecordBatch, build: bool) -> Result<(RecordBatch, Option<ScalarBuffer<u64>>)> {
+        if self.hashed_input {
+            let (batch, hashes) = detach_hashes(batch)?;
+            plan.check_batch(&batch, build)?;
+            Ok((batch, Some(hashes)))
+        } else {
+            plan.check_batch(batch, build)?;
+            Ok((batch.clone(), None))
+        }
+    }
+}
+
+/// Facts of the level-0 probe input that `NOT IN` with the subquery on the probe
+/// side needs in every level.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Facts {
+    pub probe_non_empty: bool,
+    pub probe_has_null: bool,
+}
+
+/// A spill file as an input stream.
+fn file_input(file: &SpillFile) -> Result<impl Iterator<Item = Result<RecordBatch, ArrowError>> + Send> {
+    Ok(file.reader()?.map(|r| r.map_err(|e| ArrowError::ExternalError(Box::new(e)))))
+}
+
+/// Runs one level over its inputs, then the pairs it spilled. Returns the probe facts
+/// it saw.
+pub(crate) fn run_level<B, P>(ctx: &Ctx<'_>, level: Level, build: Vec<B>, probe: Vec<P>, facts: Facts) -> Result<Facts>
+where
+    B: Iterator<Item = Result<RecordBatch, ArrowError>> + Send,
+    P: Iterator<Item = Result<RecordBatch, ArrowError>> + Send,
+{
+    let plan = ctx.plan;
+    ctx.metrics.max_depth.fetch_max(level.depth as u64, Ordering::Relaxed);
+    let start = Instant::now();
+    let built = build_side(ctx, level, build)?;
+    if level.depth == 0 {
+        ctx.metrics.build_rows.store(built.num_rows, Ordering::Relaxed);
+        ctx.metrics.build_nanos.store(start.elapsed().as_nanos() as u64, Ordering::Relaxed);
+    }
+    ctx.note_peak();
+
+    let start = Instant::now();
+    let consumer = MemoryConsumer::new("spilljoin probe").register(&plan.pool);
+    let state = ProbeState::new(ctx, level, &built, consumer.new_empty(), facts)?;
+    let probe_input = InputStreams::new(probe);
+    run_workers(plan.threads, ctx.cancel, || {
+        let mut current = None;
+        let mut reservation = consumer.new_empty();
+        reservation.try_grow(Prober::bytes_for(plan.batch_size, plan.batch_size))?;
+        let mut prober = Prober::new(ctx, level.bits, &built, &state);
+        let mut sink = ctx.sink();
+        loop {
+            if ctx.cancel.load(Ordering::Relaxed) {
+                return Err(JoinError::Cancelled);
+            }
+            let batch = match probe_input.next(&mut current) {
+                None => break,
+                Some(item) => item.map_err(|e| ctx.input_error(plan.probe_side(), e))?,
+            };
+            let (batch, hashes) = level.split_input(plan, &batch, false)?;
+            if level.depth == 0 {
+                ctx.metrics.probe_rows.fetch_add(batch.num_rows() as u64, Ordering::Relaxed);
+            }
+            let bytes = batch_bytes(&batch);
+            reservation.try_grow(bytes)?;
+            prober.probe(&batch, hashes.as_deref(), &mut sink)?;
+            reservation.shrink(bytes);
+            ctx.note_peak();
+        }
+        sink.finish()?;
+        ctx.metrics.output_rows.fetch_add(sink.rows(), Ordering::Relaxed);
+        Ok(())
+    })?;
+    let facts = state.facts();
+
+    if plan.resolved.emits_build_rows_at_end() {
+        let next = AtomicUsize::new(0);
+        run_workers(plan.threads, ctx.cancel, || {
+            let mut sink = ctx.sink();
+            loop {
+                let p = next.fetch_add(1, Ordering::Relaxed);
+                if p >= built.partitions.len() {
+                    break;
+                }
+                if ctx.cancel.load(Ordering::Relaxed) {
+                    return Err(JoinError::Cancelled);
+                }
+                emit_build_rows(plan, &built, &state, p, &mut sink)?;
+            }
+            sink.finish()?;
+            ctx.metrics.output_rows.fetch_add(sink.rows(), Ordering::Relaxed);
+            Ok(())
+        })?;
+        let mut sink = ctx.sink();
+        emit_unmatchable(plan, &built.unmatchable, facts, &mut sink)?;
+        sink.finish()?;
+        ctx.metrics.output_rows.fetch_add(sink.rows(), Ordering::Relaxed);
+    }
+    if level.depth == 0 {
+        ctx.metrics.probe_nanos.store(start.elapsed().as_nanos() as u64, Ordering::Relaxed);
+    }
+
+    // Release this level's tables before joining what it spilled.
+    let mut probe_files = state.finish_spills(ctx)?;
+    let level_rows = built.num_rows;
+    let BuiltSide { partitions, .. } = built;
+    let spilled: Vec<_> = partitions
+        .into_iter()
+        .enumerate()
+        .filter_map(|(p, part)| match part {
+            Partition::Spilled(s) => Some((p, s)),
+            Partition::InMemory(_) => None,
+        })
+        .collect();
+    drop(consumer);
+    let start = Instant::now();
+    for (p, spilled) in spilled {
+        let probe_file = probe_files[p].take();
+        if probe_file.is_none() && !plan.resolved.emits_build_rows_at_end() {
+            continue; // no probe row can meet these build rows, and none is output
+        }
+        let next = level.bits.next_level(SUB_LEVEL_BITS);
+        let no_progress = level.depth > 0 && spilled.file.rows() == level_rows;
+        match next {
+            Some(bits) if level.depth < MAX_DEPTH && !no_progress => {
+                let sub = Level {
+                    bits,
+                    depth: level.depth + 1,
+                    hashed_input: true,
+                    force_spill_fraction: 0.0,
+                };
+                let probe_inputs = probe_file.as_ref().map(file_input).transpose()?.into_iter().collect();
+                run_level(ctx, sub, vec![file_input(&spilled.file)?], probe_inputs, facts)?;
+            }
+            _ => fallback(ctx, level, &spilled.file, probe_file.as_ref(), facts)?,
+        }
+    }
+    if level.depth == 0 {
+        ctx.metrics.spilled_nanos.store(start.elapsed().as_nanos() as u64, Ordering::Relaxed);
+    }
+    Ok(facts)
+}
+
+/// Joins a spilled pair that cannot be split further: the build file in chunks that
+/// fit, each joined with the whole probe file (single-threaded).
+fn fallback(ctx: &Ctx<'_>, level: Level, build_file: &SpillFile, probe_file: Option<&SpillFile>, facts: Facts) -> Result<()> {
+    let plan = ctx.plan;
+    ctx.metrics.fallbacks.fetch_add(1, Ordering::Relaxed);
+    let resolved = plan.resolved;
+    let bits = HashBits::new(0);
+    let consumer = MemoryConsumer::new("spilljoin fallback").with_can_spill(true).register(&plan.pool);
+    let probe_rows = probe_file.map_or(0, |f| f.rows()) as usize;
+    // Per probe row of the file: matched in some chunk?
+    let mut matched_bits = consumer.new_empty();
+    let tracks_probe = resolved.tracks_matched_probe_rows();
+    if tracks_probe {
+        matched_bits.try_grow(probe_rows.div_ceil(8))?;
+    }
+    let mut matched = if tracks_probe { vec![false; probe_rows] } else { Vec::new() };
+    let mut build = file_input(build_file)?;
+    let mut pending: Option<RecordBatch> = None;
+    let mut sink = ctx.sink();
+    loop {
+        // Read a chunk of the build file that fits.
+        let mut chunk = consumer.new_empty();
+        let mut buffer = PartitionBuffer::default();
+        while let Some(batch) = pending.take().map(Ok).or_else(|| build.next()) {
+            let batch = batch.map_err(|e| ctx.input_error(plan.build_side, e))?;
+            let (batch, hashes) = level_split(plan, &batch)?;
+            // The batch, its hashes and key encoding, and its share of the table.
+            let need = batch_bytes(&batch) * 2 + hashes.len() * 24 + 1024;
+            if chunk.try_grow(need).is_err() {
+                if buffer.rows() == 0 {
+                    chunk.try_grow(need)?;
+                } else {
+                    pending = Some(attach_back(plan, &batch, &hashes)?);
+                    break;
+                }
+            }
+            buffer.push(batch, hashes.to_vec(), need);
+        }
+        if buffer.rows() == 0 {
+            break;
+        }
+        let held = buffer.bytes();
+        let chunk_rows = buffer.rows() as u64;
+        let reservation = Mutex::new(chunk);
+        let part = finish_partition(plan, buffer, held, &reservation)?;
+        let built = BuiltSide {
+            partitions: vec![Partition::InMemory(part)],
+            unmatchable: Unmatchable::default(),
+            num_rows: chunk_rows,
+            has_null_key: false,
+            reservation: reservation.into_inner().unwrap_or_else(|p| p.into_inner()),
+        };
+        let state = ProbeState::new(ctx, Level { bits, depth: level.depth + 1, hashed_input: true, force_spill_fraction: 0.0 }, &built, consumer.new_empty(), facts)?;
+        let mut prober = Prober::new(ctx, bits, &built, &state).without_probe_row_output();
+        let mut offset = 0usize;
+        if let Some(file) = probe_file {
+            for batch in file_input(file)? {
+                let batch = batch.map_err(|e| ctx.input_error(plan.probe_side(), e))?;
+                let (batch, hashes) = level_split(plan, &batch)?;
+                prober.probe(&batch, Some(&hashes), &mut sink)?;
+                if tracks_probe {
+                    let newly: Vec<u32> = prober
+                        .matched()
+                        .iter()
+                        .enumerate()
+                        .filter(|&(r, &m)| m && !matched[offset + r])
+                        .map(|(r, _)| r as u32)
+                        .collect();
+                    for &r in &newly {
+                        matched[offset + r as usize] = true;
+                    }
+                    if resolved == BuildJoinType::ProbeSemi && !newly.is_empty() {
+                        let rows = UInt32Array::from(newly);
+                        sink.push(plan.output.gather(rows.len(), Some((&batch, &rows)), None, None)?)?;
+                    }
+                }
+                offset += batch.num_rows();
+            }
+        }
+        emit_build_rows(plan, &built, &state, 0, &mut sink)?;
+    }
+    // Probe rows decided only now that every chunk has been seen.
+    if tracks_probe && resolved != BuildJoinType::ProbeSemi {
+        if let Some(file) = probe_file {
+            let mut offset = 0usize;
+            for batch in file_input(file)? {
+                let batch = batch.map_err(|e| ctx.input_error(plan.probe_side(), e))?;
+                let (batch, _) = level_split(plan, &batch)?;
+                let n = batch.num_rows();
+                let seen = &matched[offset..offset + n];
+                offset += n;
+                let out = if resolved == BuildJoinType::ProbeMark {
+                    let all: UInt32Array = (0..n as u32).collect();
+                    plan.output.gather(n, Some((&batch, &all)), None, Some(&BooleanArray::from(seen.to_vec())))?
+                } else {
+                    let rows: UInt32Array = (0..n as u32).filter(|&r| !seen[r as usize]).collect();
+                    plan.output.gather(rows.len(), Some((&batch, &rows)), None, None)?
+                };
+                sink.push(out)?;
+            }
+        }
+    }
+    sink.finish()?;
+    ctx.metrics.output_rows.fetch_add(sink.rows(), Ordering::Relaxed);
+    Ok(())
+}
+
+fn level_split(plan: &JoinPlan, batch: &RecordBatch) -> Result<(RecordBatch, ScalarBuffer<u64>)> {
+    let (batch, hashes) = detach_hashes(batch)?;
+    let _ = plan;
+    Ok((batch, hashes))
+}
+
+fn attach_back(plan: &JoinPlan, batch: &RecordBatch, hashes: &ScalarBuffer<u64>) -> Result<RecordBatch> {
+    crate::build::attach_hashes(batch, hashes.to_vec(), &with_hash_column(&plan.build_schema))
+}
+
+/// Runs a whole join: level 0 over the user's inputs.
+pub(crate) fn run<B, P>(ctx: &Ctx<'_>, build: Vec<B>, probe: Vec<P>, force_spill_fraction: f64) -> Result<()>
+where
+    B: Iterator<Item = Result<RecordBatch, ArrowError>> + Send,
+    P: Iterator<Item = Result<RecordBatch, ArrowError>> + Send,
+{
+    let level = Level {
+        bits: ctx.plan.bits,
+        depth: 0,
+        hashed_input: false,
+        force_spill_fraction,
+    };
+    run_level(ctx, level, build, probe, Facts::default()).map(|_| ())
+}

@@ -97,7 +97,7 @@ pub(crate) struct BuiltSide {
     /// Whether some build row has a null key.
     pub has_null_key: bool,
     /// Everything in memory above, reserved.
-    pub reservation: MemoryReservation,
+    pub _reservation: MemoryReservation,
 }
 
 /// Bytes of a batch, as the pool counts them: the bytes its rows use, so that a slice
@@ -344,6 +344,7 @@ impl<'a> BuildCollector<'a> {
         let bloom_bytes = Bloom::bytes_for(part.total_rows as usize * 2);
         if reservation.try_grow(bloom_bytes).is_ok() {
             let mut bloom = Bloom::new(part.total_rows as usize * 2);
+            debug_assert_eq!(bloom.size(), bloom_bytes);
             for (_, hashes) in &part.fragments {
                 hashes.iter().for_each(|&h| bloom.insert(h));
             }
@@ -637,7 +638,7 @@ impl<'a> BuildCollector<'a> {
             unmatchable,
             num_rows,
             has_null_key,
-            reservation: reservation.into_inner().unwrap_or_else(|p| p.into_inner()),
+            _reservation: reservation.into_inner().unwrap_or_else(|p| p.into_inner()),
         })
     }
 

@@ -167,7 +167,7 @@ where
     run_workers(plan.threads, ctx.cancel, || {
         let mut current = None;
         let mut reservation = consumer.new_empty();
-        reservation.try_grow(Prober::bytes_for(plan.batch_size, plan.batch_size))?;
+        state.reserve(ctx, &mut reservation, Prober::bytes_for(plan.batch_size, plan.batch_size))?;
         let mut prober = Prober::new(ctx, level.bits, &built, &state);
         let mut sink = ctx.sink();
         loop {
@@ -183,7 +183,7 @@ where
                 ctx.metrics.probe_rows.fetch_add(batch.num_rows() as u64, Ordering::Relaxed);
             }
             let bytes = batch_bytes(&batch);
-            reservation.try_grow(bytes)?;
+            state.reserve(ctx, &mut reservation, bytes)?;
             prober.probe(&batch, hashes.as_deref(), &mut sink)?;
             reservation.shrink(bytes);
             ctx.note_peak();
@@ -312,7 +312,7 @@ fn fallback(ctx: &Ctx<'_>, level: Level, build_file: &SpillFile, probe_file: Opt
             unmatchable: Unmatchable::default(),
             num_rows: chunk_rows,
             has_null_key: false,
-            reservation: reservation.into_inner().unwrap_or_else(|p| p.into_inner()),
+            _reservation: reservation.into_inner().unwrap_or_else(|p| p.into_inner()),
         };
         let state = ProbeState::new(ctx, Level { bits, depth: level.depth + 1, hashed_input: true, force_spill_fraction: 0.0 }, &built, consumer.new_empty(), facts)?;
         let mut prober = Prober::new(ctx, bits, &built, &state).without_probe_row_output();

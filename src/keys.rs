@@ -86,22 +86,6 @@ impl KeyRepr {
             KeyRepr::Rows(rows) => rows.size(),
         }
     }
-
-    /// The bytes a representation of `num_rows` rows of `columns` will hold, as
-    /// estimated before it is made (used to reserve memory first).
-    pub fn estimate_size(columns: &[ArrayRef], num_rows: usize) -> usize {
-        if is_word_key(columns.iter().map(|c| c.data_type())) {
-            num_rows * 8 + num_rows.div_ceil(8)
-        } else {
-            // arrow-row adds a sentinel byte per column and per value; strings are
-            // encoded in 32-byte blocks with a continuation byte each.
-            columns
-                .iter()
-                .map(|c| c.get_array_memory_size() * 3 / 2 + num_rows * 4)
-                .sum::<usize>()
-                + (num_rows + 1) * 8
-        }
-    }
 }
 
 impl KeySpec {

@@ -150,16 +150,47 @@ impl ProbeState {
         }
     }
 
-    /// Appends probe rows (with their hashes) to partition `p`'s spill file.
+    /// Grows a probe worker's reservation, writing buffered probe spill rows to disk
+    /// first if memory is short.
+    ///
+    /// # Errors
+    /// [`JoinError::ResourcesExhausted`] when it does not fit even then.
+    pub fn reserve(&self, ctx: &Ctx<'_>, reservation: &mut MemoryReservation, bytes: usize) -> Result<()> {
+        if reservation.try_grow(bytes).is_ok() {
+            return Ok(());
+        }
+        for spill in self.spills.iter().flatten() {
+            self.flush(ctx, &mut lock(spill))?;
+        }
+        Ok(reservation.try_grow(bytes)?)
+    }
+
+    /// Appends probe rows (with their hashes) to partition `p`'s spill file. Rows are
+    /// buffered and written a batch at a time; when memory is short, this partition's
+    /// buffer and then every other partition's is written first.
     fn spill_rows(&self, ctx: &Ctx<'_>, p: usize, batch: RecordBatch, hashes: Vec<u64>) -> Result<()> {
-        let Some(spill) = self.spills.get(p).and_then(|s| s.as_ref()) else {
+        let Some(slot) = self.spills.get(p).and_then(|s| s.as_ref()) else {
             return Err(JoinError::InvalidJoin("internal: routing to an unspilled partition".into()));
         };
         let batch = attach_hashes(&batch, hashes, &self.spill_schema)?;
         let bytes = batch_bytes(&batch);
-        let mut spill = lock(spill);
-        if spill.reservation.try_grow(bytes).is_err() {
-            self.flush(ctx, &mut spill)?;
+        let reserved = {
+            let mut spill = lock(slot);
+            if spill.reservation.try_grow(bytes).is_ok() {
+                true
+            } else {
+                self.flush(ctx, &mut spill)?;
+                spill.reservation.try_grow(bytes).is_ok()
+            }
+        };
+        if !reserved {
+            // Free every buffer (one lock at a time, so no two workers deadlock).
+            for other in self.spills.iter().flatten() {
+                self.flush(ctx, &mut lock(other))?;
+            }
+        }
+        let mut spill = lock(slot);
+        if !reserved {
             spill.reservation.try_grow(bytes)?;
         }
         spill.rows += batch.num_rows();

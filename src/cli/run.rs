@@ -175,6 +175,9 @@ pub fn run_join(
         metrics.peak_reserved_bytes as f64 / (1 << 20) as f64,
         limit as f64 / (1 << 20) as f64,
     );
+    if let Some(summary) = spill_summary(&metrics) {
+        eprintln!("{summary}");
+    }
     Ok(())
 }
 
@@ -215,6 +218,14 @@ fn refuse_to_overwrite(output: &Path, inputs: &[&ParquetInput]) -> Result<()> {
     Ok(())
 }
 
+/// The process's peak resident set size in bytes (Linux: `VmHWM`), if known.
+pub fn peak_rss_bytes() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
+}
+
 /// Writes the figures of a finished join as a JSON object.
 fn write_metrics(
     path: &std::path::Path,
@@ -224,17 +235,51 @@ fn write_metrics(
     limit_bytes: u64,
 ) -> Result<()> {
     // A flat object of numbers: no serializer needed.
-    let json = format!(
-        "{{\n  \"output_rows\": {output_rows},\n  \"elapsed_seconds\": {:.6},\n  \"build_seconds\": {:.6},\n  \"probe_seconds\": {:.6},\n  \"build_rows\": {},\n  \"probe_rows\": {},\n  \"peak_reserved_bytes\": {},\n  \"memory_limit_bytes\": {limit_bytes}\n}}\n",
-        elapsed.as_secs_f64(),
-        m.build_time.as_secs_f64(),
-        m.probe_time.as_secs_f64(),
-        m.build_rows,
-        m.probe_rows,
-        m.peak_reserved_bytes,
-    );
+    let fields: [(&str, String); 19] = [
+        ("output_rows", output_rows.to_string()),
+        ("elapsed_seconds", format!("{:.6}", elapsed.as_secs_f64())),
+        ("build_seconds", format!("{:.6}", m.build_time.as_secs_f64())),
+        ("probe_seconds", format!("{:.6}", m.probe_time.as_secs_f64())),
+        ("spilled_partitions_seconds", format!("{:.6}", m.spilled_time.as_secs_f64())),
+        ("build_rows", m.build_rows.to_string()),
+        ("probe_rows", m.probe_rows.to_string()),
+        ("build_rows_spilled", m.build_rows_spilled.to_string()),
+        ("build_bytes_spilled", m.build_bytes_spilled.to_string()),
+        ("probe_rows_spilled", m.probe_rows_spilled.to_string()),
+        ("probe_bytes_spilled", m.probe_bytes_spilled.to_string()),
+        ("probe_rows_skipped_by_bloom", m.probe_rows_skipped.to_string()),
+        ("spill_files", m.spill_files.to_string()),
+        ("partitions_spilled", m.partitions_spilled.to_string()),
+        ("max_recursion_depth", m.max_depth.to_string()),
+        ("fallbacks", m.fallbacks.to_string()),
+        ("peak_reserved_bytes", m.peak_reserved_bytes.to_string()),
+        ("memory_limit_bytes", limit_bytes.to_string()),
+        ("peak_rss_bytes", peak_rss_bytes().map_or("null".into(), |b| b.to_string())),
+    ];
+    let body: Vec<String> = fields.iter().map(|(k, v)| format!("  \"{k}\": {v}")).collect();
+    let json = format!("{{\n{}\n}}\n", body.join(",\n"));
     std::fs::write(path, json)
         .with_context(|| format!("cannot write metrics to {}", path.display()))
+}
+
+/// The stderr summary of what was spilled, if anything.
+fn spill_summary(m: &spilljoin::JoinMetrics) -> Option<String> {
+    let mib = |b: u64| b as f64 / (1 << 20) as f64;
+    (m.spill_files > 0).then(|| {
+        format!(
+            "spilled: build {} rows ({:.1} MiB), probe {} rows ({:.1} MiB) in {} files; {} partitions, depth {}, {} fallbacks; {} probe rows skipped by bloom filters; spilled pairs took {:.3} s",
+            m.build_rows_spilled,
+            mib(m.build_bytes_spilled),
+            m.probe_rows_spilled,
+            mib(m.probe_bytes_spilled),
+            m.spill_files,
+            m.partitions_spilled,
+            m.max_depth,
+            m.fallbacks,
+            m.probe_rows_skipped,
+            m.spilled_time.as_secs_f64(),
+        )
+    })
 }
 
 fn no_such_column(side: Side, name: &str, schema: &Schema) -> anyhow::Error {

@@ -1,0 +1,1051 @@
+//! End-to-end tests of the `spilljoin` binary: Parquet inputs written here, the
+//! binary run as a process, and its exit code, stderr and output files checked.
+
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::Arc;
+
+use arrow_array::{
+    Array, ArrayRef, Int32Array, Int64Array, RecordBatch, RecordBatchReader, StringArray,
+};
+use arrow_cast::display::{ArrayFormatter, FormatOptions};
+use arrow_schema::{DataType, Field, Schema, SchemaRef};
+use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+use parquet::arrow::ArrowWriter;
+use parquet::file::properties::WriterProperties;
+use rand::{Rng, SeedableRng};
+use tempfile::TempDir;
+
+// ---------------------------------------------------------------------------------
+// Running the binary
+
+/// What one run of the binary did.
+struct Run {
+    code: i32,
+    stdout: String,
+    stderr: String,
+    args: Vec<String>,
+}
+
+impl Run {
+    /// The row count of the `rows: N elapsed: ...` line; panics on any other outcome.
+    fn rows(&self) -> u64 {
+        assert_eq!(
+            self.code, 0,
+            "spilljoin {:?} failed:\n{}",
+            self.args, self.stderr
+        );
+        let lines: Vec<&str> = self
+            .stderr
+            .lines()
+            .filter(|l| l.starts_with("rows: "))
+            .collect();
+        assert_eq!(lines.len(), 1, "one rows line expected:\n{}", self.stderr);
+        let rest = &lines[0]["rows: ".len()..];
+        let (n, rest) = rest.split_once(' ').expect("rows line");
+        assert!(rest.starts_with("elapsed: "), "{}", lines[0]);
+        n.parse().expect("row count")
+    }
+
+    /// Asserts a run-time failure: exit code 1 and exactly one line on stderr, the
+    /// error, which contains every one of `needles`. Returns the line.
+    fn runtime_error(&self, needles: &[&str]) -> String {
+        assert_eq!(
+            self.code, 1,
+            "spilljoin {:?}: expected exit code 1\nstderr:\n{}",
+            self.args, self.stderr
+        );
+        self.assert_no_panic();
+        let lines: Vec<&str> = self.stderr.lines().collect();
+        assert_eq!(
+            lines.len(),
+            1,
+            "spilljoin {:?}: expected one line on stderr, got:\n{}",
+            self.args,
+            self.stderr
+        );
+        let line = lines[0];
+        assert!(line.starts_with("spilljoin: error: "), "{line}");
+        for needle in needles {
+            assert!(line.contains(needle), "{needle:?} not in {line:?}");
+        }
+        line.to_string()
+    }
+
+    /// Asserts a usage error (clap's exit code 2) that mentions every one of `needles`.
+    fn usage_error(&self, needles: &[&str]) {
+        assert_eq!(
+            self.code, 2,
+            "spilljoin {:?}: expected exit code 2\nstderr:\n{}",
+            self.args, self.stderr
+        );
+        self.assert_no_panic();
+        assert!(self.stderr.starts_with("error: "), "{}", self.stderr);
+        for needle in needles {
+            assert!(
+                self.stderr.contains(needle),
+                "{needle:?} not in {}",
+                self.stderr
+            );
+        }
+    }
+
+    fn assert_no_panic(&self) {
+        for text in [&self.stderr, &self.stdout] {
+            assert!(!text.contains("panicked"), "panic:\n{text}");
+            assert!(
+                !text.to_lowercase().contains("backtrace"),
+                "backtrace:\n{text}"
+            );
+        }
+    }
+}
+
+/// Runs `spilljoin ARGS...`.
+fn spilljoin<S: AsRef<std::ffi::OsStr>>(args: &[S]) -> Run {
+    let output = Command::new(env!("CARGO_BIN_EXE_spilljoin"))
+        .args(args)
+        .output()
+        .expect("cannot run the spilljoin binary");
+    Run {
+        code: output.status.code().expect("killed by a signal"),
+        stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
+        args: args
+            .iter()
+            .map(|a| a.as_ref().to_string_lossy().into_owned())
+            .collect(),
+    }
+}
+
+// ---------------------------------------------------------------------------------
+// Inputs
+
+/// Writes `batch` as Parquet, `rows_per_group` rows to a row group.
+fn write_parquet(path: &Path, batch: &RecordBatch, rows_per_group: usize) {
+    let props = WriterProperties::builder()
+        .set_max_row_group_row_count(Some(rows_per_group))
+        .build();
+    let mut writer =
+        ArrowWriter::try_new(File::create(path).unwrap(), batch.schema(), Some(props)).unwrap();
+    writer.write(batch).unwrap();
+    writer.close().unwrap();
+}
+
+fn batch(schema: SchemaRef, columns: Vec<ArrayRef>) -> RecordBatch {
+    RecordBatch::try_new(schema, columns).unwrap()
+}
+
+fn left_schema() -> SchemaRef {
+    Arc::new(Schema::new(vec![
+        Field::new("id", DataType::Int64, true),
+        Field::new("name", DataType::Utf8, false),
+        Field::new("lv", DataType::Int32, false),
+        Field::new("tag", DataType::Utf8, true),
+    ]))
+}
+
+fn right_schema() -> SchemaRef {
+    Arc::new(Schema::new(vec![
+        Field::new("id", DataType::Int64, true),
+        Field::new("name", DataType::Utf8, false),
+        Field::new("rv", DataType::Int32, false),
+        Field::new("label", DataType::Utf8, true),
+    ]))
+}
+
+/// `left(id, name, lv, tag)` and `right(id, name, rv, label)`: `id` and `name` on
+/// both sides, null and duplicate keys on both.
+///
+/// ```text
+///  left                       right
+///  id    name lv  tag         id    name rv   label
+///  1     a    10  p           2     x    100  p
+///  2     b    20  p           2     y    200  q
+///  2     c    30  q           3     z    300  null
+///  3     d    40  null        4     w    400  p
+///  null  e    50  p           null  v    500  p
+///  5     f    60  p           null  u    600  null
+/// ```
+struct Fixture {
+    dir: TempDir,
+    left: PathBuf,
+    right: PathBuf,
+    /// `right` without its null-key rows (ids 2, 2, 3, 4).
+    right_no_nulls: PathBuf,
+    /// `right`'s schema, no rows.
+    empty: PathBuf,
+}
+
+impl Fixture {
+    fn new() -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let left = batch(
+            left_schema(),
+            vec![
+                Arc::new(Int64Array::from(vec![
+                    Some(1),
+                    Some(2),
+                    Some(2),
+                    Some(3),
+                    None,
+                    Some(5),
+                ])),
+                Arc::new(StringArray::from(vec!["a", "b", "c", "d", "e", "f"])),
+                Arc::new(Int32Array::from(vec![10, 20, 30, 40, 50, 60])),
+                Arc::new(StringArray::from(vec![
+                    Some("p"),
+                    Some("p"),
+                    Some("q"),
+                    None,
+                    Some("p"),
+                    Some("p"),
+                ])),
+            ],
+        );
+        let right = batch(
+            right_schema(),
+            vec![
+                Arc::new(Int64Array::from(vec![
+                    Some(2),
+                    Some(2),
+                    Some(3),
+                    Some(4),
+                    None,
+                    None,
+                ])),
+                Arc::new(StringArray::from(vec!["x", "y", "z", "w", "v", "u"])),
+                Arc::new(Int32Array::from(vec![100, 200, 300, 400, 500, 600])),
+                Arc::new(StringArray::from(vec![
+                    Some("p"),
+                    Some("q"),
+                    None,
+                    Some("p"),
+                    Some("p"),
+                    None,
+                ])),
+            ],
+        );
+        let fixture = Self {
+            left: dir.path().join("left.parquet"),
+            right: dir.path().join("right.parquet"),
+            right_no_nulls: dir.path().join("right_no_nulls.parquet"),
+            empty: dir.path().join("empty.parquet"),
+            dir,
+        };
+        // Several row groups, so that inputs are read in several parts.
+        write_parquet(&fixture.left, &left, 2);
+        write_parquet(&fixture.right, &right, 2);
+        write_parquet(&fixture.right_no_nulls, &right.slice(0, 4), 3);
+        write_parquet(&fixture.empty, &right.slice(0, 0), 2);
+        fixture
+    }
+
+    fn path(&self, name: &str) -> PathBuf {
+        self.dir.path().join(name)
+    }
+
+    /// `join --left LEFT --right RIGHT --on id=id EXTRA...`.
+    fn join(&self, extra: &[&str]) -> Run {
+        self.join_files(&self.left, &self.right, extra)
+    }
+
+    fn join_files(&self, left: &Path, right: &Path, extra: &[&str]) -> Run {
+        let mut args: Vec<String> = vec![
+            "join".into(),
+            "--left".into(),
+            left.display().to_string(),
+            "--right".into(),
+            right.display().to_string(),
+        ];
+        if !extra.contains(&"--on") {
+            args.extend(["--on".into(), "id=id".into()]);
+        }
+        args.extend(extra.iter().map(|s| s.to_string()));
+        spilljoin(&args)
+    }
+}
+
+// ---------------------------------------------------------------------------------
+// Outputs
+
+/// A table read back: column names and rows of values as text (null: `None`).
+#[derive(Debug, PartialEq)]
+struct Table {
+    columns: Vec<String>,
+    rows: Vec<Vec<Option<String>>>,
+}
+
+impl Table {
+    fn from_batches(schema: &Schema, batches: &[RecordBatch]) -> Self {
+        let options = FormatOptions::default();
+        let mut rows = Vec::new();
+        for b in batches {
+            let formatters: Vec<ArrayFormatter> = b
+                .columns()
+                .iter()
+                .map(|c| ArrayFormatter::try_new(c.as_ref(), &options).unwrap())
+                .collect();
+            for r in 0..b.num_rows() {
+                rows.push(
+                    b.columns()
+                        .iter()
+                        .zip(&formatters)
+                        .map(|(c, f)| (!c.is_null(r)).then(|| f.value(r).to_string()))
+                        .collect(),
+                );
+            }
+        }
+        rows.sort();
+        Self {
+            columns: schema.fields().iter().map(|f| f.name().clone()).collect(),
+            rows,
+        }
+    }
+
+    fn read_parquet(path: &Path) -> Self {
+        let reader = ParquetRecordBatchReaderBuilder::try_new(File::open(path).unwrap())
+            .unwrap()
+            .build()
+            .unwrap();
+        let schema = reader.schema();
+        let batches: Vec<RecordBatch> = reader.map(|b| b.unwrap()).collect();
+        Self::from_batches(&schema, &batches)
+    }
+
+    fn read_arrow(path: &Path) -> Self {
+        let reader =
+            arrow_ipc::reader::FileReader::try_new(File::open(path).unwrap(), None).unwrap();
+        let schema = reader.schema();
+        let batches: Vec<RecordBatch> = reader.map(|b| b.unwrap()).collect();
+        Self::from_batches(&schema, &batches)
+    }
+
+    /// CSV as the binary writes it: a header, then rows; an empty field is a null
+    /// (no value in these tests contains a comma, a quote or is empty).
+    fn read_csv(path: &Path) -> Self {
+        let text = std::fs::read_to_string(path).unwrap();
+        let mut lines = text.lines();
+        let columns = lines
+            .next()
+            .expect("a header line")
+            .split(',')
+            .map(String::from)
+            .collect();
+        let mut rows: Vec<Vec<Option<String>>> = lines
+            .map(|l| {
+                l.split(',')
+                    .map(|v| (!v.is_empty()).then(|| v.to_string()))
+                    .collect()
+            })
+            .collect();
+        rows.sort();
+        Self { columns, rows }
+    }
+}
+
+/// Rows written compactly: `"2,b,20,p"`, an empty field a null.
+fn rows(rows: &[&str]) -> Vec<Vec<Option<String>>> {
+    let mut rows: Vec<Vec<Option<String>>> = rows
+        .iter()
+        .map(|r| {
+            r.split(',')
+                .map(|v| (!v.is_empty()).then(|| v.to_string()))
+                .collect()
+        })
+        .collect();
+    rows.sort();
+    rows
+}
+
+fn names(names: &[&str]) -> Vec<String> {
+    names.iter().map(|s| s.to_string()).collect()
+}
+
+const INNER_ROWS: [&str; 5] = [
+    "2,b,20,p,2,x,100,p",
+    "2,b,20,p,2,y,200,q",
+    "2,c,30,q,2,x,100,p",
+    "2,c,30,q,2,y,200,q",
+    "3,d,40,,3,z,300,",
+];
+
+const FULL_COLUMNS: [&str; 8] = [
+    "left.id",
+    "left.name",
+    "lv",
+    "tag",
+    "right.id",
+    "right.name",
+    "rv",
+    "label",
+];
+
+// ---------------------------------------------------------------------------------
+// 1. Join types
+
+#[test]
+fn every_join_type_counts_the_expected_rows() {
+    let f = Fixture::new();
+    // Inner: id 2 (2 x 2) and id 3 (1 x 1); unmatched left ids 1, null, 5; unmatched
+    // right ids 4, null, null.
+    let expected = [
+        ("inner", 5),
+        ("left", 8),
+        ("right", 8),
+        ("full", 11),
+        ("semi", 3),
+        ("anti", 3),
+        ("right-semi", 3),
+        ("right-anti", 3),
+        ("mark", 6),
+        // A null right key makes NOT IN unknown for every left row ...
+        ("not-in", 0),
+        // ... and a null left key for every right row.
+        ("right-not-in", 0),
+        // Aliases.
+        ("left-outer", 8),
+        ("FULL_OUTER", 11),
+    ];
+    for (join_type, rows) in expected {
+        let run = f.join(&["--type", join_type]);
+        assert_eq!(run.rows(), rows, "--type {join_type}");
+    }
+    // The default is inner.
+    assert_eq!(f.join(&[]).rows(), 5);
+}
+
+#[test]
+fn not_in_without_null_keys_and_with_an_empty_side() {
+    let f = Fixture::new();
+    // Right keys {2, 3, 4}, no nulls: left ids 1 and 5 are NOT IN; the null id is not.
+    let run = f.join_files(&f.left, &f.right_no_nulls, &["--type", "not-in"]);
+    assert_eq!(run.rows(), 2);
+    // The mirror: right rows whose key is NOT IN the (null-free) left keys.
+    let run = f.join_files(&f.right_no_nulls, &f.left, &["--type", "right-not-in"]);
+    assert_eq!(run.rows(), 2);
+    // NOT IN an empty set is true for every row, a null key included.
+    let run = f.join_files(&f.left, &f.empty, &["--type", "not-in"]);
+    assert_eq!(run.rows(), 6);
+    let out = f.path("not_in.csv");
+    let run = f.join_files(
+        &f.left,
+        &f.right_no_nulls,
+        &["--type", "not-in", "--output", out.to_str().unwrap()],
+    );
+    assert_eq!(run.rows(), 2);
+    let table = Table::read_csv(&out);
+    assert_eq!(table.columns, names(&["id", "name", "lv", "tag"]));
+    assert_eq!(table.rows, rows(&["1,a,10,p", "5,f,60,p"]));
+}
+
+#[test]
+fn inner_join_to_parquet() {
+    let f = Fixture::new();
+    let out = f.path("inner.parquet");
+    let run = f.join(&["--output", out.to_str().unwrap()]);
+    assert_eq!(run.rows(), 5);
+    let table = Table::read_parquet(&out);
+    assert_eq!(table.columns, names(&FULL_COLUMNS));
+    assert_eq!(table.rows, rows(&INNER_ROWS));
+}
+
+#[test]
+fn left_join_to_arrow_pads_with_nulls() {
+    let f = Fixture::new();
+    let out = f.path("left.arrow");
+    let run = f.join(&["--type", "left", "--output", out.to_str().unwrap()]);
+    assert_eq!(run.rows(), 8);
+    let table = Table::read_arrow(&out);
+    assert_eq!(table.columns, names(&FULL_COLUMNS));
+    let mut expected: Vec<&str> = INNER_ROWS.to_vec();
+    expected.extend(["1,a,10,p,,,,", ",e,50,p,,,,", "5,f,60,p,,,,"]);
+    assert_eq!(table.rows, rows(&expected));
+}
+
+#[test]
+fn full_join_to_csv() {
+    let f = Fixture::new();
+    let out = f.path("full.csv");
+    let run = f.join(&["--type", "full", "--output", out.to_str().unwrap()]);
+    assert_eq!(run.rows(), 11);
+    let table = Table::read_csv(&out);
+    assert_eq!(table.columns, names(&FULL_COLUMNS));
+    let mut expected: Vec<&str> = INNER_ROWS.to_vec();
+    expected.extend([
+        "1,a,10,p,,,,",
+        ",e,50,p,,,,",
+        "5,f,60,p,,,,",
+        ",,,,4,w,400,p",
+        ",,,,,v,500,p",
+        ",,,,,u,600,",
+    ]);
+    assert_eq!(table.rows, rows(&expected));
+}
+
+#[test]
+fn mark_join_to_csv_adds_a_mark_column() {
+    let f = Fixture::new();
+    let out = f.path("mark.csv");
+    let run = f.join(&["--type", "mark", "--output", out.to_str().unwrap()]);
+    assert_eq!(run.rows(), 6);
+    let table = Table::read_csv(&out);
+    // One side only: no left./right. prefixes.
+    assert_eq!(table.columns, names(&["id", "name", "lv", "tag", "mark"]));
+    assert_eq!(
+        table.rows,
+        rows(&[
+            "1,a,10,p,false",
+            "2,b,20,p,true",
+            "2,c,30,q,true",
+            "3,d,40,,true",
+            ",e,50,p,false",
+            "5,f,60,p,false",
+        ])
+    );
+}
+
+#[test]
+fn semi_and_anti_joins_to_parquet() {
+    let f = Fixture::new();
+    let cases: [(&str, &[&str], &[&str]); 4] = [
+        (
+            "semi",
+            &["id", "name", "lv", "tag"],
+            &["2,b,20,p", "2,c,30,q", "3,d,40,"],
+        ),
+        (
+            "anti",
+            &["id", "name", "lv", "tag"],
+            &["1,a,10,p", ",e,50,p", "5,f,60,p"],
+        ),
+        (
+            "right-semi",
+            &["id", "name", "rv", "label"],
+            &["2,x,100,p", "2,y,200,q", "3,z,300,"],
+        ),
+        (
+            "right-anti",
+            &["id", "name", "rv", "label"],
+            &["4,w,400,p", ",v,500,p", ",u,600,"],
+        ),
+    ];
+    for (join_type, columns, expected) in cases {
+        let out = f.path(&format!("{join_type}.parquet"));
+        let run = f.join(&["--type", join_type, "--output", out.to_str().unwrap()]);
+        assert_eq!(run.rows(), expected.len() as u64, "{join_type}");
+        let table = Table::read_parquet(&out);
+        assert_eq!(table.columns, names(columns), "{join_type}");
+        assert_eq!(table.rows, rows(expected), "{join_type}");
+    }
+}
+
+#[test]
+fn an_output_without_rows_still_has_its_columns() {
+    let f = Fixture::new();
+    for ext in ["csv", "parquet", "arrow"] {
+        let out = f.path(&format!("no_rows.{ext}"));
+        let run = f.join_files(&f.left, &f.empty, &["--output", out.to_str().unwrap()]);
+        assert_eq!(run.rows(), 0, "{ext}");
+        let table = match ext {
+            "csv" => Table::read_csv(&out),
+            "parquet" => Table::read_parquet(&out),
+            _ => Table::read_arrow(&out),
+        };
+        assert_eq!(table.columns, names(&FULL_COLUMNS), "{ext}");
+        assert!(table.rows.is_empty(), "{ext}");
+    }
+}
+
+// ---------------------------------------------------------------------------------
+// 2. --select
+
+#[test]
+fn select_picks_and_orders_columns() {
+    let f = Fixture::new();
+    let out = f.path("select.parquet");
+    let run = f.join(&[
+        "--select",
+        "rv,left.name,right.id,lv",
+        "--output",
+        out.to_str().unwrap(),
+    ]);
+    assert_eq!(run.rows(), 5);
+    let table = Table::read_parquet(&out);
+    // Names as in the full output, whatever else is selected.
+    assert_eq!(table.columns, names(&["rv", "left.name", "right.id", "lv"]));
+    assert_eq!(
+        table.rows,
+        rows(&[
+            "100,b,2,20",
+            "200,b,2,20",
+            "100,c,2,30",
+            "200,c,2,30",
+            "300,d,3,40"
+        ])
+    );
+
+    // A qualified name both inputs have, alone, keeps its qualifier.
+    let out = f.path("select_one.csv");
+    let run = f.join(&["--select", "right.name", "--output", out.to_str().unwrap()]);
+    assert_eq!(run.rows(), 5);
+    let table = Table::read_csv(&out);
+    assert_eq!(table.columns, names(&["right.name"]));
+    assert_eq!(table.rows, rows(&["x", "x", "y", "y", "z"]));
+
+    // A join with one output side: plain names are not ambiguous.
+    let out = f.path("select_semi.csv");
+    let run = f.join(&[
+        "--type",
+        "semi",
+        "--select",
+        "name,id",
+        "--output",
+        out.to_str().unwrap(),
+    ]);
+    assert_eq!(run.rows(), 3);
+    let table = Table::read_csv(&out);
+    assert_eq!(table.columns, names(&["name", "id"]));
+    assert_eq!(table.rows, rows(&["b,2", "c,2", "d,3"]));
+
+    // The mark column can be selected by name.
+    let out = f.path("select_mark.csv");
+    let run = f.join(&[
+        "--type",
+        "mark",
+        "--select",
+        "mark,name",
+        "--output",
+        out.to_str().unwrap(),
+    ]);
+    assert_eq!(run.rows(), 6);
+    let table = Table::read_csv(&out);
+    assert_eq!(table.columns, names(&["mark", "name"]));
+    assert_eq!(
+        table.rows,
+        rows(&["false,a", "true,b", "true,c", "true,d", "false,e", "false,f"])
+    );
+}
+
+#[test]
+fn select_errors() {
+    let f = Fixture::new();
+    f.join(&["--select", "name"]).runtime_error(&[
+        "--select name",
+        "both sides",
+        "left.name",
+        "right.name",
+    ]);
+    f.join(&["--select", "lv,nope"])
+        .runtime_error(&["--select nope", "no such output column"]);
+    f.join(&["--select", "right.nope"]).runtime_error(&[
+        "\"nope\"",
+        "right input",
+        "id, name, rv, label",
+    ]);
+    f.join(&["--select", "left.rv"])
+        .runtime_error(&["\"rv\"", "left input", "id, name, lv, tag"]);
+    f.join(&["--type", "semi", "--select", "right.rv"])
+        .runtime_error(&["right.rv", "outputs no right columns"]);
+    // `mark` is a column only of mark joins.
+    f.join(&["--type", "semi", "--select", "mark"])
+        .runtime_error(&["--select mark", "no such output column"]);
+}
+
+// ---------------------------------------------------------------------------------
+// 3. Several keys, null equality
+
+#[test]
+fn several_keys_and_null_equality() {
+    let f = Fixture::new();
+    // (id, tag) = (id, label): (2, p) and (2, q) match; (3, null) does not under SQL.
+    assert_eq!(f.join(&["--on", "id=id,tag=label"]).rows(), 2);
+    assert_eq!(f.join(&["--on", "id=id", "--on", "tag=label"]).rows(), 2);
+    assert_eq!(f.join(&["--on", " id = id , tag = label "]).rows(), 2);
+    // With nulls equal: (3, null) and (null, p) match too.
+    let out = f.path("nulls.csv");
+    let run = f.join(&[
+        "--on",
+        "id=id,tag=label",
+        "--null-equals-null",
+        "--select",
+        "left.name,right.name",
+        "--output",
+        out.to_str().unwrap(),
+    ]);
+    assert_eq!(run.rows(), 4);
+    let table = Table::read_csv(&out);
+    assert_eq!(table.columns, names(&["left.name", "right.name"]));
+    assert_eq!(table.rows, rows(&["b,x", "c,y", "d,z", "e,v"]));
+
+    // One key: the null left id now matches both null right ids.
+    let expected = [
+        ("inner", 7),
+        ("left", 9),
+        ("right", 8),
+        ("full", 10),
+        ("semi", 4),
+        ("anti", 2),
+        ("right-semi", 5),
+        ("right-anti", 1),
+        ("mark", 6),
+    ];
+    for (join_type, rows) in expected {
+        let run = f.join(&["--type", join_type, "--null-equals-null"]);
+        assert_eq!(run.rows(), rows, "--type {join_type} --null-equals-null");
+    }
+    // NOT IN is null-aware by definition.
+    f.join(&["--type", "not-in", "--null-equals-null"])
+        .runtime_error(&["not-in", "null-aware"]);
+    f.join(&["--type", "not-in", "--on", "id=id,tag=label"])
+        .runtime_error(&["not-in", "exactly one key"]);
+}
+
+// ---------------------------------------------------------------------------------
+// 4. Errors
+
+#[test]
+fn input_errors() {
+    let f = Fixture::new();
+    let missing = f.path("missing.parquet");
+    f.join_files(&missing, &f.right, &[])
+        .runtime_error(&["cannot open", "missing.parquet"]);
+    f.join_files(&f.left, &missing, &[])
+        .runtime_error(&["cannot open", "missing.parquet"]);
+
+    let text = f.path("text.parquet");
+    std::fs::write(&text, "id,name\n1,a\n").unwrap();
+    f.join_files(&text, &f.right, &[])
+        .runtime_error(&["text.parquet", "not a readable Parquet file"]);
+    let empty_file = f.path("zero.parquet");
+    std::fs::write(&empty_file, "").unwrap();
+    f.join_files(&f.left, &empty_file, &[])
+        .runtime_error(&["zero.parquet", "not a readable Parquet file"]);
+}
+
+#[test]
+fn key_errors() {
+    let f = Fixture::new();
+    f.join(&["--on", "nope=id"])
+        .runtime_error(&["\"nope\"", "left input", "id, name, lv, tag"]);
+    f.join(&["--on", "id=nope"])
+        .runtime_error(&["\"nope\"", "right input", "id, name, rv, label"]);
+    f.join(&["--on", "id=name"])
+        .runtime_error(&["key types differ", "Int64", "Utf8"]);
+    f.join(&["--on", "name=rv"])
+        .runtime_error(&["key types differ", "Utf8", "Int32"]);
+}
+
+#[test]
+fn memory_limit_too_small_is_resources_exhausted() {
+    let f = Fixture::new();
+    let out = f.path("oom.parquet");
+    let line = f
+        .join(&["--memory-limit", "1KiB", "--output", out.to_str().unwrap()])
+        .runtime_error(&["resources exhausted"]);
+    assert!(line.contains("1024"), "{line}");
+    // No partial output is left behind.
+    assert!(!out.exists(), "a partial output was left behind");
+    // Sizes are human: a decimal one, enough for these inputs, works.
+    assert_eq!(f.join(&["--memory-limit", "64MB"]).rows(), 5);
+    assert_eq!(f.join(&["--memory-limit", "1.5GiB"]).rows(), 5);
+}
+
+#[test]
+fn usage_errors() {
+    let f = Fixture::new();
+    f.join(&["--memory-limit", "abc"])
+        .usage_error(&["--memory-limit", "abc"]);
+    f.join(&["--type", "sideways"]).usage_error(&["sideways"]);
+    f.join(&["--on", "id"]).usage_error(&["--on", "LCOL=RCOL"]);
+    f.join(&["--on", "id="]).usage_error(&["--on"]);
+    f.join(&["--batch-size", "0"])
+        .usage_error(&["--batch-size"]);
+    f.join(&["--threads", "0"]).usage_error(&["--threads"]);
+    f.join(&["--threads", "many"]).usage_error(&["--threads"]);
+    f.join(&["--frobnicate"]).usage_error(&["--frobnicate"]);
+    // --on is required.
+    spilljoin(&[
+        "join",
+        "--left",
+        f.left.to_str().unwrap(),
+        "--right",
+        f.right.to_str().unwrap(),
+    ])
+    .usage_error(&["--on"]);
+    spilljoin(&["explode"]).usage_error(&["explode"]);
+    // No subcommand: usage on stderr, code 2.
+    let run = spilljoin::<&str>(&[]);
+    assert_eq!(run.code, 2, "{}", run.stderr);
+    run.assert_no_panic();
+
+    // Help and version are not errors.
+    let run = spilljoin(&["--help"]);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    assert!(
+        run.stdout.contains("join") && run.stdout.contains("demo"),
+        "{}",
+        run.stdout
+    );
+    let run = spilljoin(&["join", "--help"]);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    assert!(run.stdout.contains("--memory-limit"), "{}", run.stdout);
+    let run = spilljoin(&["--version"]);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    assert!(run.stdout.starts_with("spilljoin "), "{}", run.stdout);
+}
+
+#[test]
+fn output_errors() {
+    let f = Fixture::new();
+    let out = f.path("out.txt");
+    f.join(&["--output", out.to_str().unwrap()])
+        .runtime_error(&["out.txt", "cannot tell the output format", ".parquet"]);
+    assert!(!out.exists());
+    let out = f.path("no_extension");
+    f.join(&["--output", out.to_str().unwrap()])
+        .runtime_error(&["cannot tell the output format"]);
+    let out = f.path("no/such/dir/out.csv");
+    f.join(&["--output", out.to_str().unwrap()])
+        .runtime_error(&["cannot create", "out.csv"]);
+    // Writing over an input would destroy it before it is read.
+    let left = f.left.to_str().unwrap().to_string();
+    f.join(&["--output", &left])
+        .runtime_error(&["--output", "left.parquet", "input"]);
+    assert_eq!(f.join(&[]).rows(), 5, "the input was damaged");
+    // Upper-case extensions are fine.
+    let out = f.path("OUT.CSV");
+    assert_eq!(f.join(&["--output", out.to_str().unwrap()]).rows(), 5);
+    assert_eq!(Table::read_csv(&out).rows, rows(&INNER_ROWS));
+}
+
+#[test]
+fn spill_dir_errors_are_one_line_without_repeats() {
+    let f = Fixture::new();
+    let dir = f.path("no/such/dir");
+    let line = f
+        .join(&["--spill-dir", dir.to_str().unwrap()])
+        .runtime_error(&["spill", "no/such/dir"]);
+    assert_eq!(
+        line.matches("os error 2").count(),
+        1,
+        "the cause is repeated: {line}"
+    );
+    // An existing directory works.
+    let dir = f.path("spill");
+    std::fs::create_dir(&dir).unwrap();
+    assert_eq!(f.join(&["--spill-dir", dir.to_str().unwrap()]).rows(), 5);
+}
+
+// ---------------------------------------------------------------------------------
+// 5. demo
+
+#[test]
+fn demo_joins_every_line_item_with_its_order() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let run = spilljoin(&[
+        "demo",
+        "--orders",
+        "2000",
+        "--dir",
+        data.to_str().unwrap(),
+        "--threads",
+        "2",
+    ]);
+    let rows = run.rows();
+    // "demo: 2000 orders and N line items in DIR"
+    let line = run
+        .stderr
+        .lines()
+        .find(|l| l.starts_with("demo: 2000 orders and "))
+        .unwrap_or_else(|| panic!("no demo line:\n{}", run.stderr));
+    let line_items: u64 = line["demo: 2000 orders and ".len()..]
+        .split(' ')
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap();
+    // One to seven line items per order, each joined with exactly its order.
+    assert!((2000..=14_000).contains(&line_items), "{line}");
+    assert_eq!(rows, line_items);
+    assert!(data.join("orders.parquet").exists());
+    assert!(data.join("lineitem.parquet").exists());
+    // The files it leaves join the same way with `spilljoin join`.
+    let run = spilljoin(&[
+        "join",
+        "--left",
+        data.join("lineitem.parquet").to_str().unwrap(),
+        "--right",
+        data.join("orders.parquet").to_str().unwrap(),
+        "--on",
+        "l_orderkey=o_orderkey",
+        "--type",
+        "semi",
+    ]);
+    assert_eq!(run.rows(), line_items);
+
+    // Without --dir it cleans up after itself; the data is deterministic.
+    let run = spilljoin(&["demo", "--orders", "2000"]);
+    assert_eq!(run.rows(), line_items);
+}
+
+// ---------------------------------------------------------------------------------
+// 6. Threads and batch sizes
+
+/// Inputs big enough for many batches and row groups: `left(k, v)` and `right(k, w)`,
+/// keys drawn from 0..300 with about 5% nulls. Returns the expected inner join rows.
+fn random_inputs(dir: &Path) -> (PathBuf, PathBuf, u64) {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+    let key = |rng: &mut rand::rngs::StdRng| {
+        (!rng.random_bool(0.05)).then(|| rng.random_range(0..300i64))
+    };
+    let left_keys: Vec<Option<i64>> = (0..4000).map(|_| key(&mut rng)).collect();
+    let right_keys: Vec<Option<i64>> = (0..1500).map(|_| key(&mut rng)).collect();
+    let mut expected = 0u64;
+    let mut right_count = std::collections::HashMap::new();
+    for k in right_keys.iter().flatten() {
+        *right_count.entry(*k).or_insert(0u64) += 1;
+    }
+    for k in left_keys.iter().flatten() {
+        expected += right_count.get(k).copied().unwrap_or(0);
+    }
+    let write = |name: &str, value: &str, keys: Vec<Option<i64>>| {
+        let n = keys.len();
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("k", DataType::Int64, true),
+            Field::new(value, DataType::Int32, false),
+        ]));
+        let b = batch(
+            schema,
+            vec![
+                Arc::new(Int64Array::from(keys)),
+                Arc::new(Int32Array::from_iter_values(0..n as i32)),
+            ],
+        );
+        let path = dir.join(name);
+        write_parquet(&path, &b, 333);
+        path
+    };
+    let left = write("big_left.parquet", "v", left_keys);
+    let right = write("big_right.parquet", "w", right_keys);
+    (left, right, expected)
+}
+
+#[test]
+fn threads_and_batch_sizes_do_not_change_the_output() {
+    let dir = tempfile::tempdir().unwrap();
+    let (left, right, expected) = random_inputs(dir.path());
+    let mut tables = Vec::new();
+    for (i, extra) in [
+        &["--threads", "1"][..],
+        &["--threads", "3"],
+        &["--batch-size", "7"],
+        &["--threads", "3", "--batch-size", "7"],
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let out = dir.path().join(format!("out{i}.parquet"));
+        let mut args = vec![
+            "join",
+            "--left",
+            left.to_str().unwrap(),
+            "--right",
+            right.to_str().unwrap(),
+            "--on",
+            "k=k",
+            "--type",
+            "full",
+            "--output",
+            out.to_str().unwrap(),
+        ];
+        args.extend_from_slice(extra);
+        let run = spilljoin(&args);
+        let table = Table::read_parquet(&out);
+        assert_eq!(run.rows(), table.rows.len() as u64, "{extra:?}");
+        tables.push(table);
+    }
+    let first = &tables[0];
+    assert_eq!(first.columns, names(&["left.k", "v", "right.k", "w"]));
+    let matched = first
+        .rows
+        .iter()
+        .filter(|r| r[1].is_some() && r[3].is_some())
+        .count();
+    assert_eq!(matched as u64, expected);
+    for t in &tables[1..] {
+        assert!(t == first, "the output depends on --threads / --batch-size");
+    }
+    // Counting only gives the same numbers.
+    for extra in [
+        &["--threads", "1"][..],
+        &["--threads", "3", "--batch-size", "7"],
+    ] {
+        let mut args = vec![
+            "join",
+            "--left",
+            left.to_str().unwrap(),
+            "--right",
+            right.to_str().unwrap(),
+            "--on",
+            "k=k",
+        ];
+        args.extend_from_slice(extra);
+        assert_eq!(spilljoin(&args).rows(), expected, "{extra:?}");
+    }
+}
+
+// ---------------------------------------------------------------------------------
+// 7. --metrics
+
+/// The value of `"key": NUMBER` in a flat JSON object.
+fn json_number(json: &str, key: &str) -> f64 {
+    let needle = format!("\"{key}\":");
+    let start = json
+        .find(&needle)
+        .unwrap_or_else(|| panic!("no {key} in {json}"))
+        + needle.len();
+    let value: String = json[start..]
+        .trim_start()
+        .chars()
+        .take_while(|c| c.is_ascii_digit() || *c == '.' || *c == '-' || *c == 'e')
+        .collect();
+    value
+        .parse()
+        .unwrap_or_else(|_| panic!("{key} is not a number in {json}"))
+}
+
+#[test]
+fn metrics_file_matches_the_printed_rows() {
+    let f = Fixture::new();
+    for (join_type, rows) in [("full", 11u64), ("right-anti", 3)] {
+        let metrics = f.path(&format!("{join_type}.json"));
+        let run = f.join(&[
+            "--type",
+            join_type,
+            "--memory-limit",
+            "32MiB",
+            "--metrics",
+            metrics.to_str().unwrap(),
+        ]);
+        assert_eq!(run.rows(), rows);
+        let json = std::fs::read_to_string(&metrics).unwrap();
+        let trimmed = json.trim();
+        assert!(trimmed.starts_with('{') && trimmed.ends_with('}'), "{json}");
+        assert_eq!(json_number(&json, "output_rows"), rows as f64, "{json}");
+        assert_eq!(json_number(&json, "build_rows"), 6.0, "{json}");
+        assert_eq!(json_number(&json, "probe_rows"), 6.0, "{json}");
+        assert_eq!(
+            json_number(&json, "memory_limit_bytes"),
+            (32u64 << 20) as f64,
+            "{json}"
+        );
+        assert!(json_number(&json, "peak_reserved_bytes") > 0.0, "{json}");
+        assert!(json_number(&json, "elapsed_seconds") >= 0.0, "{json}");
+    }
+    let metrics = f.path("nowhere/m.json");
+    f.join(&["--metrics", metrics.to_str().unwrap()])
+        .runtime_error(&["cannot write metrics", "m.json"]);
+}

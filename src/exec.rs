@@ -224,24 +224,34 @@ where
     // Release this level's tables before joining what it spilled.
     let mut probe_files = state.finish_spills(ctx)?;
     let level_rows = built.num_rows;
-    let BuiltSide { partitions, .. } = built;
-    let spilled: Vec<_> = partitions
+    // (A struct destructured with `..` keeps its other fields alive to the end of the
+    // scope: name and drop each one.)
+    let BuiltSide {
+        partitions,
+        unmatchable,
+        _reservation,
+        ..
+    } = built;
+    drop(unmatchable);
+    let spilled: Vec<(usize, SpillFile)> = partitions
         .into_iter()
         .enumerate()
         .filter_map(|(p, part)| match part {
-            Partition::Spilled(s) => Some((p, s)),
+            // The bloom filter has done its work: drop it with the tables.
+            Partition::Spilled(s) => Some((p, s.file)),
             Partition::InMemory(_) => None,
         })
         .collect();
+    drop(_reservation);
     drop(consumer);
     let start = Instant::now();
-    for (p, spilled) in spilled {
+    for (p, build_file) in spilled {
         let probe_file = probe_files[p].take();
         if probe_file.is_none() && !plan.resolved.emits_build_rows_at_end() {
             continue; // no probe row can meet these build rows, and none is output
         }
         let next = level.bits.next_level(SUB_LEVEL_BITS);
-        let no_progress = level.depth > 0 && spilled.file.rows() == level_rows;
+        let no_progress = level.depth > 0 && build_file.rows() == level_rows;
         match next {
             Some(bits) if level.depth < MAX_DEPTH && !no_progress => {
                 let sub = Level {
@@ -251,9 +261,9 @@ where
                     force_spill_fraction: 0.0,
                 };
                 let probe_inputs = probe_file.as_ref().map(file_input).transpose()?.into_iter().collect();
-                run_level(ctx, sub, vec![file_input(&spilled.file)?], probe_inputs, facts)?;
+                run_level(ctx, sub, vec![file_input(&build_file)?], probe_inputs, facts)?;
             }
-            _ => fallback(ctx, level, &spilled.file, probe_file.as_ref(), facts)?,
+            _ => fallback(ctx, level, &build_file, probe_file.as_ref(), facts)?,
         }
     }
     if level.depth == 0 {

@@ -82,7 +82,8 @@ pub struct HashJoinBuilder {
     batch_size_rows: usize,
     threads: usize,
     projection: Option<Vec<usize>>,
-    partition_bits: u32,
+    partition_bits: Option<u32>,
+    build_size_hint_bytes: Option<u64>,
     force_spill_fraction: Option<f64>,
 }
 
@@ -107,7 +108,8 @@ impl HashJoinBuilder {
             batch_size_rows: DEFAULT_BATCH_SIZE_ROWS,
             threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
             projection: None,
-            partition_bits: DEFAULT_PARTITION_BITS,
+            partition_bits: None,
+            build_size_hint_bytes: None,
             force_spill_fraction: None,
         }
     }
@@ -163,9 +165,17 @@ impl HashJoinBuilder {
         self
     }
 
-    /// Radix bits of the build partitioning (0 to 8); the output does not depend on it.
+    /// Radix bits of the first partitioning level (0 to 8), overriding the choice
+    /// described at [`partition_bits_for`]; the output does not depend on it.
     pub fn with_partition_bits(mut self, bits: u32) -> Self {
-        self.partition_bits = bits;
+        self.partition_bits = Some(bits);
+        self
+    }
+
+    /// The build input's expected size in memory, in bytes (for example from Parquet
+    /// metadata), used to choose the partition fan-out; see [`partition_bits_for`].
+    pub fn with_build_size_hint(mut self, bytes: u64) -> Self {
+        self.build_size_hint_bytes = Some(bytes);
         self
     }
 
@@ -208,12 +218,18 @@ impl HashJoinBuilder {
                 )));
             }
         }
-        if self.partition_bits > MAX_PARTITION_BITS {
-            return Err(JoinError::InvalidJoin(format!(
-                "{} partition bits is more than the {MAX_PARTITION_BITS} allowed",
-                self.partition_bits
-            )));
-        }
+        let pool = self
+            .pool
+            .unwrap_or_else(|| Arc::new(UnboundedMemoryPool::new()));
+        let partition_bits = match self.partition_bits {
+            Some(bits) if bits > MAX_PARTITION_BITS => {
+                return Err(JoinError::InvalidJoin(format!(
+                    "{bits} partition bits is more than the {MAX_PARTITION_BITS} allowed"
+                )))
+            }
+            Some(bits) => bits,
+            None => partition_bits_for(self.build_size_hint_bytes, pool.limit().bytes()),
+        };
         let keys = KeySpec::resolve(build, &self.left, &self.right, &self.on, self.null_equality)?;
         let filter = self
             .filter
@@ -240,17 +256,35 @@ impl HashJoinBuilder {
                 output,
                 build_schema,
                 probe_schema,
-                pool: self
-                    .pool
-                    .unwrap_or_else(|| Arc::new(UnboundedMemoryPool::new())),
+                pool,
                 spill: self.spill,
                 batch_size: self.batch_size_rows,
                 threads: self.threads,
-                bits: HashBits::new(self.partition_bits),
+                bits: HashBits::new(partition_bits),
                 force_spill_fraction: self.force_spill_fraction,
             }),
         })
     }
+}
+
+/// The radix bits of the first partitioning level, from the build's expected size
+/// and the memory limit.
+///
+/// Partitions that spill are joined one at a time at the next level, so each should
+/// fit in about half the limit: `b = ceil(log2(2 × build / limit))`, at least
+/// [`DEFAULT_PARTITION_BITS`] (enough partitions for every thread to build tables in
+/// parallel, and for spilling to keep most of a build that almost fits) and at most
+/// [`MAX_PARTITION_BITS`]. Unknown sizes or no limit give the default; a partition
+/// that still does not fit is split again at the next level.
+pub fn partition_bits_for(build_size_hint_bytes: Option<u64>, limit_bytes: usize) -> u32 {
+    let Some(build) = build_size_hint_bytes else {
+        return DEFAULT_PARTITION_BITS;
+    };
+    if limit_bytes == usize::MAX || limit_bytes == 0 {
+        return DEFAULT_PARTITION_BITS;
+    }
+    let ratio = (2.0 * build as f64 / limit_bytes as f64).max(1.0);
+    (ratio.log2().ceil() as u32).clamp(DEFAULT_PARTITION_BITS, MAX_PARTITION_BITS)
 }
 
 /// A validated join, ready to execute any number of times.
@@ -311,6 +345,11 @@ impl HashJoin {
     /// The type of each key pair after normalization (dictionaries decoded).
     pub fn key_types(&self) -> &[arrow_schema::DataType] {
         &self.plan.keys.types
+    }
+
+    /// The radix bits of the first partitioning level.
+    pub fn partition_bits(&self) -> u32 {
+        self.plan.bits.bits()
     }
 
     /// Which input builds.

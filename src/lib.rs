@@ -43,6 +43,7 @@ pub use filter::{FilterPredicate, JoinFilter};
 pub use join::{
     HashJoin, HashJoinBuilder, JoinMetrics, JoinStream, DEFAULT_BATCH_SIZE_ROWS,
     DEFAULT_PARTITION_BITS, FORCE_SPILL_ENV,
+    partition_bits_for,
 };
 pub use join_type::{BuildJoinType, JoinType};
 pub use keys::NullEquality;

@@ -40,6 +40,23 @@ impl ParquetInput {
         &self.schema
     }
 
+    /// The uncompressed size of `columns` (indices into the schema) from the Parquet
+    /// footer: an estimate of their size in memory, read without decoding anything.
+    pub fn uncompressed_bytes(&self, columns: &[usize]) -> Result<u64> {
+        let file = File::open(&self.path).with_context(|| format!("cannot open {}", self.path.display()))?;
+        let builder = ParquetRecordBatchReaderBuilder::try_new(file)?;
+        let descr = builder.parquet_schema();
+        let mut total = 0u64;
+        for group in builder.metadata().row_groups() {
+            for (leaf, chunk) in group.columns().iter().enumerate() {
+                if columns.contains(&descr.get_column_root_idx(leaf)) {
+                    total += chunk.uncompressed_size().max(0) as u64;
+                }
+            }
+        }
+        Ok(total)
+    }
+
     /// Up to `parts` streams of batches of only `columns` (indices into the schema,
     /// in order), each over a contiguous run of row groups with about the same number
     /// of rows, so that several threads can decode at once. Parquet decodes nothing

@@ -125,7 +125,8 @@ pub fn run_join(
     .with_memory_pool(Arc::clone(&pool))
     .with_spill_manager(spill)
     .with_batch_size(run.batch_size)
-    .with_threads(threads);
+    .with_threads(threads)
+    .with_build_size_hint(right.uncompressed_bytes(&right_cols)?);
     if let Some(selected) = &selected {
         builder = builder.with_projection(project(selected, &left_schema, &right_schema, sides)?);
     }

@@ -26,8 +26,9 @@ pub enum Command {
 /// Settings shared by every command that runs a join.
 #[derive(Debug, Args, Clone)]
 pub struct RunArgs {
-    /// Memory budget for the join, e.g. 512MiB, 2GB, 1.5GiB [default: 75% of the
-    /// memory available now].
+    /// Memory budget for the join, e.g. 512MiB, 2GB, 1.5GiB; what does not fit is
+    /// spilled to --spill-dir [default: 75% of the memory available now; 8MiB for the
+    /// demo].
     #[arg(long, value_parser = parse_size)]
     pub memory_limit: Option<u64>,
     /// Directory for spill files [default: the system temp dir].

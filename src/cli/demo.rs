@@ -3,7 +3,8 @@
 //! `orders(o_orderkey, o_custkey, o_totalprice, o_orderdate, o_comment)` and
 //! `lineitem(l_orderkey, l_linenumber, l_quantity, l_extendedprice, l_shipmode)` with
 //! one to seven line items per order, written as Parquet and joined with
-//! `lineitem ⋈ orders` on the order key (orders builds), as `spilljoin join` would.
+//! `lineitem ⋈ orders` on the order key (orders builds), as `spilljoin join` would,
+//! under an 8 MiB memory limit unless `--memory-limit` says otherwise.
 
 use std::fs::File;
 use std::path::Path;
@@ -70,6 +71,10 @@ pub fn run(args: &DemoArgs) -> Result<()> {
         lineitem.display(),
         orders.display()
     );
+    // Unless told otherwise, the demo runs under a limit well below the build side's
+    // size, so that it spills and shows it.
+    let mut run = args.run.clone();
+    run.memory_limit = run.memory_limit.or(Some(DEMO_MEMORY_LIMIT_BYTES));
     run_join(
         &ParquetInput::open(&lineitem)?,
         &ParquetInput::open(&orders)?,
@@ -78,9 +83,12 @@ pub fn run(args: &DemoArgs) -> Result<()> {
         NullEquality::NullEqualsNothing,
         None,
         None,
-        &args.run,
+        &run,
     )
 }
+
+/// The demo's default memory limit: 8 MiB, a fraction of the default 300 000 orders.
+const DEMO_MEMORY_LIMIT_BYTES: u64 = 8 << 20;
 
 fn generate(orders_path: &Path, lineitem_path: &Path, orders: usize) -> Result<usize> {
     const CHUNK: usize = 65_536;

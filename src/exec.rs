@@ -66,6 +66,7 @@ pub(crate) struct SharedMetrics {
     pub partitions_spilled: AtomicU64,
     pub max_depth: AtomicU64,
     pub fallbacks: AtomicU64,
+    pub swapped_pairs: AtomicU64,
 }
 
 /// What every part of one execution shares.
@@ -250,26 +251,60 @@ where
         if probe_file.is_none() && !plan.resolved.emits_build_rows_at_end() {
             continue; // no probe row can meet these build rows, and none is output
         }
-        let next = level.bits.next_level(SUB_LEVEL_BITS);
-        let no_progress = level.depth > 0 && build_file.rows() == level_rows;
-        match next {
-            Some(bits) if level.depth < MAX_DEPTH && !no_progress => {
-                let sub = Level {
-                    bits,
-                    depth: level.depth + 1,
-                    hashed_input: true,
-                    force_spill_fraction: 0.0,
+        // Build on the smaller side of the pair, now that both sizes are known.
+        let swap = match (&plan.mirror, &probe_file) {
+            (Some(mirror), Some(probe)) if probe.bytes() < build_file.bytes() => Some(mirror),
+            _ => None,
+        };
+        match swap {
+            Some(mirror) => {
+                ctx.metrics.swapped_pairs.fetch_add(1, Ordering::Relaxed);
+                let swapped = Ctx {
+                    plan: mirror,
+                    spill: ctx.spill.clone(),
+                    sender: ctx.sender,
+                    cancel: ctx.cancel,
+                    metrics: ctx.metrics,
                 };
-                let probe_inputs = probe_file.as_ref().map(file_input).transpose()?.into_iter().collect();
-                run_level(ctx, sub, vec![file_input(&build_file)?], probe_inputs, facts)?;
+                let probe = probe_file.as_ref().map(|f| (f, Some(&build_file)));
+                if let Some((new_build, new_probe)) = probe {
+                    join_pair(&swapped, level, level_rows, new_build, new_probe, facts)?;
+                }
             }
-            _ => fallback(ctx, level, &build_file, probe_file.as_ref(), facts)?,
+            None => join_pair(ctx, level, level_rows, &build_file, probe_file.as_ref(), facts)?,
         }
     }
     if level.depth == 0 {
         ctx.metrics.spilled_nanos.store(start.elapsed().as_nanos() as u64, Ordering::Relaxed);
     }
     Ok(facts)
+}
+
+/// Joins one spilled pair: at the next level, or in chunks when it cannot split.
+fn join_pair(
+    ctx: &Ctx<'_>,
+    level: Level,
+    level_rows: u64,
+    build_file: &SpillFile,
+    probe_file: Option<&SpillFile>,
+    facts: Facts,
+) -> Result<()> {
+    let next = level.bits.next_level(SUB_LEVEL_BITS);
+    let no_progress = level.depth > 0 && build_file.rows() == level_rows;
+    match next {
+        Some(bits) if level.depth < MAX_DEPTH && !no_progress => {
+            let sub = Level {
+                bits,
+                depth: level.depth + 1,
+                hashed_input: true,
+                force_spill_fraction: 0.0,
+            };
+            let probe_inputs = probe_file.map(file_input).transpose()?.into_iter().collect();
+            run_level(ctx, sub, vec![file_input(build_file)?], probe_inputs, facts)?;
+            Ok(())
+        }
+        _ => fallback(ctx, level, build_file, probe_file, facts),
+    }
 }
 
 /// Joins a spilled pair that cannot be split further: the build file in chunks that

@@ -220,6 +220,7 @@ impl HashJoinBuilder {
         }
         let pool = self
             .pool
+            .clone()
             .unwrap_or_else(|| Arc::new(UnboundedMemoryPool::new()));
         let partition_bits = match self.partition_bits {
             Some(bits) if bits > MAX_PARTITION_BITS => {
@@ -230,9 +231,24 @@ impl HashJoinBuilder {
             Some(bits) => bits,
             None => partition_bits_for(self.build_size_hint_bytes, pool.limit().bytes()),
         };
+        let bits = HashBits::new(partition_bits);
+        let mut plan = self.plan_for(build, Arc::clone(&pool), bits)?;
+        // Spilled pairs may swap roles when their probe file is the smaller; NOT IN
+        // keeps its orientation, since its facts belong to one side.
+        if !self.join_type.is_null_aware() {
+            plan.mirror = Some(Arc::new(self.plan_for(build.other(), pool, bits)?));
+        }
+        Ok(HashJoin {
+            plan: Arc::new(plan),
+        })
+    }
+
+    /// The plan with `build` as the build side.
+    fn plan_for(&self, build: Side, pool: Arc<dyn MemoryPool>, bits: HashBits) -> Result<JoinPlan> {
         let keys = KeySpec::resolve(build, &self.left, &self.right, &self.on, self.null_equality)?;
         let filter = self
             .filter
+            .clone()
             .map(|f| ResolvedFilter::new(f, build, &self.left, &self.right))
             .transpose()?;
         let output = OutputLayout::new(
@@ -243,26 +259,25 @@ impl HashJoinBuilder {
             self.projection.as_deref(),
         )?;
         let (build_schema, probe_schema) = match build {
-            Side::Right => (self.right, self.left),
-            Side::Left => (self.left, self.right),
+            Side::Right => (Arc::clone(&self.right), Arc::clone(&self.left)),
+            Side::Left => (Arc::clone(&self.left), Arc::clone(&self.right)),
         };
-        Ok(HashJoin {
-            plan: Arc::new(JoinPlan {
-                join_type: self.join_type,
-                resolved: self.join_type.resolve(build),
-                build_side: build,
-                keys,
-                filter,
-                output,
-                build_schema,
-                probe_schema,
-                pool,
-                spill: self.spill,
-                batch_size: self.batch_size_rows,
-                threads: self.threads,
-                bits: HashBits::new(partition_bits),
-                force_spill_fraction: self.force_spill_fraction,
-            }),
+        Ok(JoinPlan {
+            join_type: self.join_type,
+            resolved: self.join_type.resolve(build),
+            build_side: build,
+            keys,
+            filter,
+            output,
+            build_schema,
+            probe_schema,
+            pool,
+            spill: self.spill.clone(),
+            batch_size: self.batch_size_rows,
+            threads: self.threads,
+            bits,
+            force_spill_fraction: self.force_spill_fraction,
+            mirror: None,
         })
     }
 }
@@ -329,6 +344,8 @@ pub struct JoinMetrics {
     pub max_depth: u64,
     /// Spilled partitions joined by the chunked fallback (one key dominated).
     pub fallbacks: u64,
+    /// Spilled pairs joined with the probe side building, because it was smaller.
+    pub swapped_pairs: u64,
 }
 
 impl HashJoin {
@@ -527,6 +544,7 @@ impl JoinStream {
             partitions_spilled: m.partitions_spilled.load(Ordering::Relaxed),
             max_depth: m.max_depth.load(Ordering::Relaxed),
             fallbacks: m.fallbacks.load(Ordering::Relaxed),
+            swapped_pairs: m.swapped_pairs.load(Ordering::Relaxed),
         }
     }
 

@@ -36,6 +36,9 @@ pub(crate) struct JoinPlan {
     pub threads: usize,
     pub bits: HashBits,
     pub force_spill_fraction: Option<f64>,
+    /// The same join with the other input building, for spilled pairs whose probe
+    /// side turns out smaller; `None` where roles cannot swap (`NOT IN`).
+    pub mirror: Option<Arc<JoinPlan>>,
 }
 
 impl JoinPlan {

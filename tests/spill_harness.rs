@@ -79,6 +79,7 @@ struct Tally {
     spilled: u64,
     recursed: u64,
     fallbacks: u64,
+    swapped: u64,
     probe_rows_skipped_by_bloom: u64,
 }
 
@@ -163,6 +164,7 @@ fn run_case(case: u64, tally: &mut Tally) {
     tally.spilled += (metrics.partitions_spilled > 0) as u64;
     tally.recursed += (metrics.max_depth > 0) as u64;
     tally.fallbacks += (metrics.fallbacks > 0) as u64;
+    tally.swapped += (metrics.swapped_pairs > 0) as u64;
     tally.probe_rows_skipped_by_bloom += metrics.probe_rows_skipped;
     match failure {
         None => {
@@ -201,5 +203,6 @@ fn random_joins_under_random_memory_limits_match_the_reference() {
     // The harness must keep exercising every path, whatever the dice say.
     assert!(tally.spilled * 5 >= tally.cases, "too few cases spilled: {tally:?}");
     assert!(tally.recursed > 0 && tally.fallbacks > 0, "no recursion or no fallback: {tally:?}");
+    assert!(tally.swapped > 0, "no spilled pair swapped roles: {tally:?}");
     assert!(tally.finished * 2 >= tally.cases, "too many cases failed below the floor: {tally:?}");
 }

@@ -353,22 +353,35 @@ impl<'a> BuildCollector<'a> {
         self.flush(part, reservation, p)
     }
 
-    /// Writes a spilled partition's buffered rows to its file.
+    /// Writes a spilled partition's buffered rows to its file, in batches of about
+    /// the batch size (never one huge batch: it must be read back in little memory).
     fn flush(&self, part: &mut PartitionBuffer, reservation: &mut MemoryReservation, _p: usize) -> Result<()> {
-        if part.fragments.is_empty() {
-            return Ok(());
-        }
+        let batch_size = self.plan().batch_size;
         let fragments = std::mem::take(&mut part.fragments);
-        let batches: Vec<RecordBatch> = fragments
-            .into_iter()
-            .map(|(batch, hashes)| attach_hashes(&batch, hashes, &self.spill_schema))
-            .collect::<Result<_>>()?;
-        // One IPC message per flush: concatenating costs one transient copy of at most
-        // a few batches, which is accounted (grow) while it lives.
-        let merged = if batches.len() == 1 {
-            batches.into_iter().next().ok_or_else(|| JoinError::InvalidJoin("internal".into()))?
-        } else {
-            concat_batches(&self.spill_schema, &batches)?
+        let mut group: Vec<RecordBatch> = Vec::new();
+        let mut group_rows = 0;
+        let last = fragments.len();
+        for (i, (batch, hashes)) in fragments.into_iter().enumerate() {
+            group_rows += batch.num_rows();
+            group.push(attach_hashes(&batch, hashes, &self.spill_schema)?);
+            if group_rows >= batch_size || i + 1 == last {
+                self.write_group(part, reservation, std::mem::take(&mut group))?;
+                group_rows = 0;
+            }
+        }
+        reservation.shrink(part.bytes);
+        part.bytes = 0;
+        part.rows = 0;
+        Ok(())
+    }
+
+    /// Writes fragments as one IPC message. Concatenating costs one transient copy of
+    /// about a batch, accounted (`grow`) while it lives.
+    fn write_group(&self, part: &mut PartitionBuffer, reservation: &mut MemoryReservation, group: Vec<RecordBatch>) -> Result<()> {
+        let merged = match group.len() {
+            0 => return Ok(()),
+            1 => group.into_iter().next().ok_or_else(|| JoinError::InvalidJoin("internal".into()))?,
+            _ => concat_batches(&self.spill_schema, &group)?,
         };
         let transient = batch_bytes(&merged);
         reservation.grow(transient);
@@ -382,13 +395,9 @@ impl<'a> BuildCollector<'a> {
             Ok(w.bytes_written() - before)
         });
         reservation.shrink(transient);
-        let written = written?;
         let metrics = &self.ctx.metrics;
         metrics.build_rows_spilled.fetch_add(merged.num_rows() as u64, Ordering::Relaxed);
-        metrics.build_bytes_spilled.fetch_add(written, Ordering::Relaxed);
-        reservation.shrink(part.bytes);
-        part.bytes = 0;
-        part.rows = 0;
+        metrics.build_bytes_spilled.fetch_add(written?, Ordering::Relaxed);
         Ok(())
     }
 

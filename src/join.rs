@@ -285,8 +285,10 @@ impl HashJoinBuilder {
 /// The radix bits of the first partitioning level, from the build's expected size
 /// and the memory limit.
 ///
-/// Partitions that spill are joined one at a time at the next level, so each should
-/// fit in about half the limit: `b = ceil(log2(2 × build / limit))`, at least
+/// Partitions that spill are joined one at a time at the next level, where a
+/// partition needs about three times its size (its rows, their concatenation while
+/// both exist, the key encoding and the table), so each should hold at most a
+/// quarter of the limit: `b = ceil(log2(4 × build / limit))`, at least
 /// [`DEFAULT_PARTITION_BITS`] (enough partitions for every thread to build tables in
 /// parallel, and for spilling to keep most of a build that almost fits) and at most
 /// [`MAX_PARTITION_BITS`]. Unknown sizes or no limit give the default; a partition
@@ -298,7 +300,7 @@ pub fn partition_bits_for(build_size_hint_bytes: Option<u64>, limit_bytes: usize
     if limit_bytes == usize::MAX || limit_bytes == 0 {
         return DEFAULT_PARTITION_BITS;
     }
-    let ratio = (2.0 * build as f64 / limit_bytes as f64).max(1.0);
+    let ratio = (4.0 * build as f64 / limit_bytes as f64).max(1.0);
     (ratio.log2().ceil() as u32).clamp(DEFAULT_PARTITION_BITS, MAX_PARTITION_BITS)
 }
 
@@ -472,34 +474,49 @@ fn force_spill_from_env() -> f64 {
     }
 }
 
-/// Several streams of one input, read by many workers: each worker keeps reading the
-/// stream it holds and takes another from the queue when it ends.
+/// Several streams of one input, read by many workers.
+///
+/// Each worker starts on its own stream (round robin) and pulls one batch at a time
+/// under that stream's lock; when its stream ends it moves on to the next one that has
+/// not, so workers share streams when there are fewer streams than workers. With one
+/// stream per worker (the CLI splits Parquet row groups that way) decoding runs in
+/// parallel; with a single stream, decoding is serialized but probing still uses
+/// every worker.
 pub(crate) struct InputStreams<I> {
-    queue: Mutex<std::collections::VecDeque<I>>,
+    streams: Vec<Mutex<Option<I>>>,
+    next_start: std::sync::atomic::AtomicUsize,
 }
 
 impl<I: Iterator<Item = Result<RecordBatch, ArrowError>>> InputStreams<I> {
     pub fn new(streams: Vec<I>) -> Self {
         Self {
-            queue: Mutex::new(streams.into()),
+            streams: streams.into_iter().map(|s| Mutex::new(Some(s))).collect(),
+            next_start: std::sync::atomic::AtomicUsize::new(0),
         }
     }
 
-    /// The next batch for a worker holding `current`; `None` when every stream ended.
-    pub fn next(&self, current: &mut Option<I>) -> Option<Result<RecordBatch, ArrowError>> {
-        loop {
-            if let Some(stream) = current {
-                if let Some(item) = stream.next() {
-                    return Some(item);
+    /// The next batch for a worker whose current stream is `current` (start with
+    /// `None`); `None` when every stream has ended.
+    pub fn next(&self, current: &mut Option<usize>) -> Option<Result<RecordBatch, ArrowError>> {
+        let n = self.streams.len();
+        if n == 0 {
+            return None;
+        }
+        let mut index = *current.get_or_insert_with(|| self.next_start.fetch_add(1, Ordering::Relaxed) % n);
+        for _ in 0..n {
+            let mut slot = self.streams[index].lock().unwrap_or_else(|p| p.into_inner());
+            if let Some(stream) = slot.as_mut() {
+                match stream.next() {
+                    Some(item) => {
+                        *current = Some(index);
+                        return Some(item);
+                    }
+                    None => *slot = None,
                 }
             }
-            *current = self
-                .queue
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .pop_front();
-            current.as_ref()?;
+            index = (index + 1) % n;
         }
+        None
     }
 }
 

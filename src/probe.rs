@@ -255,6 +255,8 @@ pub(crate) struct Prober<'a> {
     grouped: PartitionedRows,
     /// Per probe row of the current batch: matched (and passed the filter)?
     matched: Vec<bool>,
+    /// First table entries of the rows being looked up.
+    firsts: Vec<u32>,
     /// Candidate pairs not yet filtered/output.
     pair_probe: Vec<u32>,
     pair_build: Vec<u32>,
@@ -270,6 +272,7 @@ impl<'a> Prober<'a> {
             state,
             output_probe_rows: true,
             deferred: Vec::new(),
+            firsts: Vec::new(),
             hashes: Vec::new(),
             grouped: PartitionedRows::default(),
             matched: Vec::new(),
@@ -293,7 +296,7 @@ impl<'a> Prober<'a> {
     /// The bytes this worker's buffers hold at most for batches of `rows` rows
     /// (reserved by the caller).
     pub fn bytes_for(batch_rows: usize, pair_rows: usize) -> usize {
-        batch_rows * (8 + 4 + 1) + pair_rows * 8 + 1024
+        batch_rows * (8 + 4 + 4 + 1 + 1) + pair_rows * 8 + 1024
     }
 
     /// Probes one batch and sends its output.
@@ -443,14 +446,17 @@ impl<'a> Prober<'a> {
         let has_filter = self.plan.filter.is_some();
         let rows = std::mem::take(&mut self.grouped.rows);
         let range = self.grouped.offsets[p]..self.grouped.offsets[p + 1];
+        let mut firsts = std::mem::take(&mut self.firsts);
+        part.table
+            .first_entries(rows[range.clone()].iter().map(|&r| self.hashes[r as usize]), &mut firsts);
         let result = (|| {
             if !has_filter && !resolved.emits_pairs() {
                 // Existence only: no pair is ever materialized.
                 let stop_at_first = resolved.probe_stops_at_first_match();
-                for &r in &rows[range.clone()] {
+                for (&r, &first) in rows[range.clone()].iter().zip(&firsts) {
                     let r = r as usize;
                     let hash = self.hashes[r];
-                    part.table.for_each_candidate(hash, &part.hashes, |b| {
+                    part.table.for_each_candidate_from(first, hash, &part.hashes, |b| {
                         if !eq.key_eq(r, b) {
                             return ControlFlow::Continue(());
                         }
@@ -466,11 +472,11 @@ impl<'a> Prober<'a> {
                 return Ok(());
             }
             let batch_size = self.plan.batch_size;
-            for &r in &rows[range.clone()] {
+            for (&r, &first) in rows[range.clone()].iter().zip(&firsts) {
                 let r = r as usize;
                 let hash = self.hashes[r];
                 let mut full = false;
-                part.table.for_each_candidate(hash, &part.hashes, |b| {
+                part.table.for_each_candidate_from(first, hash, &part.hashes, |b| {
                     if eq.key_eq(r, b) {
                         self.pair_probe.push(r as u32);
                         self.pair_build.push(b as u32);
@@ -486,6 +492,7 @@ impl<'a> Prober<'a> {
             self.flush_pairs(batch, part, p, sink)
         })();
         self.grouped.rows = rows;
+        self.firsts = firsts;
         result
     }
 

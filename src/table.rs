@@ -88,9 +88,32 @@ impl ChainedTable {
         &self,
         hash: u64,
         hashes: &[u64],
+        f: impl FnMut(usize) -> std::ops::ControlFlow<()>,
+    ) {
+        self.for_each_candidate_from(self.first(hash), hash, hashes, f)
+    }
+
+    /// Looks up the first entries of many hashes at once. The loads are independent,
+    /// so the processor overlaps their cache misses; walking the chains afterwards
+    /// ([`for_each_candidate_from`](Self::for_each_candidate_from)) then starts from
+    /// entries already loaded.
+    #[inline]
+    pub fn first_entries(&self, hashes: impl Iterator<Item = u64>, out: &mut Vec<u32>) {
+        out.clear();
+        out.extend(hashes.map(|h| self.first(h)));
+    }
+
+    /// Like [`for_each_candidate`](Self::for_each_candidate), from a first entry
+    /// already looked up.
+    #[inline(always)]
+    pub fn for_each_candidate_from(
+        &self,
+        first: u32,
+        hash: u64,
+        hashes: &[u64],
         mut f: impl FnMut(usize) -> std::ops::ControlFlow<()>,
     ) {
-        let mut entry = self.first(hash);
+        let mut entry = first;
         while entry != 0 {
             let row = entry as usize - 1;
             if hashes[row] == hash && f(row).is_break() {

@@ -31,7 +31,9 @@ impl Bloom {
     }
 
     fn words_for(rows: usize) -> usize {
-        (rows * BITS_PER_ROW / 64).clamp(MIN_WORDS, MAX_WORDS).next_power_of_two()
+        (rows * BITS_PER_ROW / 64)
+            .clamp(MIN_WORDS, MAX_WORDS)
+            .next_power_of_two()
     }
 
     /// An empty filter sized for about `rows` rows.
@@ -83,7 +85,9 @@ mod tests {
             bloom.insert(hash(i));
         }
         assert!((0..10_000).all(|i| bloom.may_contain(hash(i))));
-        let false_positives = (10_000..110_000).filter(|&i| bloom.may_contain(hash(i))).count();
+        let false_positives = (10_000..110_000)
+            .filter(|&i| bloom.may_contain(hash(i)))
+            .count();
         assert!(false_positives < 10_000, "{false_positives} of 100000");
         assert_eq!(bloom.size(), Bloom::bytes_for(10_000));
     }

@@ -123,7 +123,11 @@ pub(crate) fn with_hash_column(schema: &Schema) -> SchemaRef {
 }
 
 /// Appends `hashes` to `batch` as [`HASH_COLUMN`].
-pub(crate) fn attach_hashes(batch: &RecordBatch, hashes: Vec<u64>, schema: &SchemaRef) -> Result<RecordBatch> {
+pub(crate) fn attach_hashes(
+    batch: &RecordBatch,
+    hashes: Vec<u64>,
+    schema: &SchemaRef,
+) -> Result<RecordBatch> {
     let mut columns: Vec<ArrayRef> = batch.columns().to_vec();
     columns.push(Arc::new(UInt64Array::from(hashes)));
     Ok(RecordBatch::try_new(Arc::clone(schema), columns)?)
@@ -139,7 +143,9 @@ pub(crate) fn detach_hashes(batch: &RecordBatch) -> Result<(RecordBatch, ScalarB
         .as_any()
         .downcast_ref::<UInt64Array>()
         .filter(|h| h.null_count() == 0)
-        .ok_or_else(|| JoinError::InvalidJoin("internal: a spilled batch has a bad hash column".into()))?
+        .ok_or_else(|| {
+            JoinError::InvalidJoin("internal: a spilled batch has a bad hash column".into())
+        })?
         .values()
         .clone();
     let columns: Vec<usize> = (0..last).collect();
@@ -149,11 +155,17 @@ pub(crate) fn detach_hashes(batch: &RecordBatch) -> Result<(RecordBatch, ScalarB
 pub(crate) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     // A poisoned lock means another worker panicked; that panic is reported on its
     // own (JoinError::WorkerPanicked) and the join stops.
-    mutex.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    mutex
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 /// Runs `worker` on `threads` threads and returns the first error.
-pub(crate) fn run_workers(threads: usize, cancel: &AtomicBool, worker: impl Fn() -> Result<()> + Sync) -> Result<()> {
+pub(crate) fn run_workers(
+    threads: usize,
+    cancel: &AtomicBool,
+    worker: impl Fn() -> Result<()> + Sync,
+) -> Result<()> {
     let results: Vec<Result<()>> = std::thread::scope(|scope| {
         let handles: Vec<_> = (0..threads.max(1))
             .map(|_| {
@@ -317,7 +329,11 @@ impl<'a> BuildCollector<'a> {
             .filter(|(i, p)| p.writer.is_none() && p.bytes > 0 && keep.is_none_or(|k| !k[*i]))
             .max_by_key(|(_, p)| p.bytes)
             .map(|(i, p)| (i, p.bytes));
-        let unmatchable_bytes = if state.unmatchable.writer.is_none() { state.unmatchable.bytes } else { 0 };
+        let unmatchable_bytes = if state.unmatchable.writer.is_none() {
+            state.unmatchable.bytes
+        } else {
+            0
+        };
         match victim {
             Some((_, bytes)) if bytes >= unmatchable_bytes => {
                 let p = victim.map_or(0, |v| v.0);
@@ -333,12 +349,22 @@ impl<'a> BuildCollector<'a> {
     }
 
     /// Starts spilling partition `p`: opens its file and bloom filter, writes its rows.
-    fn spill_partition(&self, part: &mut PartitionBuffer, reservation: &mut MemoryReservation, p: usize) -> Result<()> {
+    fn spill_partition(
+        &self,
+        part: &mut PartitionBuffer,
+        reservation: &mut MemoryReservation,
+        p: usize,
+    ) -> Result<()> {
         let ctx = self.ctx;
         let label = format!("build-d{}-p{p}", self.level.depth);
-        part.writer = Some(ctx.spill.create_writer(Arc::clone(&self.spill_schema), &label)?);
+        part.writer = Some(
+            ctx.spill
+                .create_writer(Arc::clone(&self.spill_schema), &label)?,
+        );
         ctx.metrics.spill_files.fetch_add(1, Ordering::Relaxed);
-        ctx.metrics.partitions_spilled.fetch_add(1, Ordering::Relaxed);
+        ctx.metrics
+            .partitions_spilled
+            .fetch_add(1, Ordering::Relaxed);
         // The filter is sized for the rows seen so far times the input still to come,
         // which is unknown: assume the partition doubles.
         let bloom_bytes = Bloom::bytes_for(part.total_rows as usize * 2);
@@ -355,7 +381,12 @@ impl<'a> BuildCollector<'a> {
 
     /// Writes a spilled partition's buffered rows to its file, in batches of about
     /// the batch size (never one huge batch: it must be read back in little memory).
-    fn flush(&self, part: &mut PartitionBuffer, reservation: &mut MemoryReservation, _p: usize) -> Result<()> {
+    fn flush(
+        &self,
+        part: &mut PartitionBuffer,
+        reservation: &mut MemoryReservation,
+        _p: usize,
+    ) -> Result<()> {
         let batch_size = self.plan().batch_size;
         let fragments = std::mem::take(&mut part.fragments);
         let mut group: Vec<RecordBatch> = Vec::new();
@@ -377,18 +408,25 @@ impl<'a> BuildCollector<'a> {
 
     /// Writes fragments as one IPC message. Concatenating costs one transient copy of
     /// about a batch, accounted (`grow`) while it lives.
-    fn write_group(&self, part: &mut PartitionBuffer, reservation: &mut MemoryReservation, group: Vec<RecordBatch>) -> Result<()> {
+    fn write_group(
+        &self,
+        part: &mut PartitionBuffer,
+        reservation: &mut MemoryReservation,
+        group: Vec<RecordBatch>,
+    ) -> Result<()> {
         let merged = match group.len() {
             0 => return Ok(()),
-            1 => group.into_iter().next().ok_or_else(|| JoinError::InvalidJoin("internal".into()))?,
+            1 => group
+                .into_iter()
+                .next()
+                .ok_or_else(|| JoinError::InvalidJoin("internal".into()))?,
             _ => concat_batches(&self.spill_schema, &group)?,
         };
         let transient = batch_bytes(&merged);
         reservation.grow(transient);
-        let writer = part
-            .writer
-            .as_mut()
-            .ok_or_else(|| JoinError::InvalidJoin("internal: flushing an unspilled partition".into()));
+        let writer = part.writer.as_mut().ok_or_else(|| {
+            JoinError::InvalidJoin("internal: flushing an unspilled partition".into())
+        });
         let written = writer.and_then(|w| {
             let before = w.bytes_written();
             w.write(&merged)?;
@@ -396,25 +434,40 @@ impl<'a> BuildCollector<'a> {
         });
         reservation.shrink(transient);
         let metrics = &self.ctx.metrics;
-        metrics.build_rows_spilled.fetch_add(merged.num_rows() as u64, Ordering::Relaxed);
-        metrics.build_bytes_spilled.fetch_add(written?, Ordering::Relaxed);
+        metrics
+            .build_rows_spilled
+            .fetch_add(merged.num_rows() as u64, Ordering::Relaxed);
+        metrics
+            .build_bytes_spilled
+            .fetch_add(written?, Ordering::Relaxed);
         Ok(())
     }
 
     /// Writes the unmatchable rows to their own file (no hash column).
-    fn spill_unmatchable(&self, part: &mut PartitionBuffer, reservation: &mut MemoryReservation) -> Result<()> {
+    fn spill_unmatchable(
+        &self,
+        part: &mut PartitionBuffer,
+        reservation: &mut MemoryReservation,
+    ) -> Result<()> {
         let ctx = self.ctx;
         if part.writer.is_none() {
             let label = format!("build-d{}-unmatchable", self.level.depth);
-            part.writer = Some(ctx.spill.create_writer(Arc::clone(&ctx.plan.build_schema), &label)?);
+            part.writer = Some(
+                ctx.spill
+                    .create_writer(Arc::clone(&ctx.plan.build_schema), &label)?,
+            );
             ctx.metrics.spill_files.fetch_add(1, Ordering::Relaxed);
         }
         for (batch, _) in std::mem::take(&mut part.fragments) {
             if let Some(w) = part.writer.as_mut() {
                 let before = w.bytes_written();
                 w.write(&batch)?;
-                ctx.metrics.build_bytes_spilled.fetch_add(w.bytes_written() - before, Ordering::Relaxed);
-                ctx.metrics.build_rows_spilled.fetch_add(batch.num_rows() as u64, Ordering::Relaxed);
+                ctx.metrics
+                    .build_bytes_spilled
+                    .fetch_add(w.bytes_written() - before, Ordering::Relaxed);
+                ctx.metrics
+                    .build_rows_spilled
+                    .fetch_add(batch.num_rows() as u64, Ordering::Relaxed);
             }
         }
         reservation.shrink(part.bytes);
@@ -424,7 +477,14 @@ impl<'a> BuildCollector<'a> {
     }
 
     /// Adds a fragment (reserved in `mine`) to partition `p`.
-    fn add(&self, p: Option<usize>, fragment: RecordBatch, hashes: Vec<u64>, bytes: usize, mine: &mut MemoryReservation) -> Result<()> {
+    fn add(
+        &self,
+        p: Option<usize>,
+        fragment: RecordBatch,
+        hashes: Vec<u64>,
+        bytes: usize,
+        mine: &mut MemoryReservation,
+    ) -> Result<()> {
         let batch_size = self.plan().batch_size;
         let mut state = lock(&self.state);
         let state = &mut *state;
@@ -451,7 +511,12 @@ impl<'a> BuildCollector<'a> {
     }
 
     /// Reads one worker's share of the input.
-    fn collect<I>(&self, input: &InputStreams<I>, num_rows: &AtomicU64, has_null_key: &AtomicBool) -> Result<()>
+    fn collect<I>(
+        &self,
+        input: &InputStreams<I>,
+        num_rows: &AtomicU64,
+        has_null_key: &AtomicBool,
+    ) -> Result<()>
     where
         I: Iterator<Item = Result<RecordBatch, ArrowError>>,
     {
@@ -478,7 +543,8 @@ impl<'a> BuildCollector<'a> {
                 continue;
             }
             let input_bytes = batch_bytes(&batch);
-            self.largest_batch_bytes.fetch_max(input_bytes, Ordering::Relaxed);
+            self.largest_batch_bytes
+                .fetch_max(input_bytes, Ordering::Relaxed);
             self.reserve(&mut mine, input_bytes)?;
             let keys = plan.keys.evaluate(&batch, true)?;
             match &stored_hashes {
@@ -493,7 +559,9 @@ impl<'a> BuildCollector<'a> {
             }
             let never_matches = |row: usize| plan.nulls_never_match() && keys.is_null(row);
             if keep_unmatchable && keys.nulls.is_some() && plan.nulls_never_match() {
-                let rows: UInt32Array = (0..n as u32).filter(|&r| never_matches(r as usize)).collect();
+                let rows: UInt32Array = (0..n as u32)
+                    .filter(|&r| never_matches(r as usize))
+                    .collect();
                 let kept = self.reserved_take(&batch, &rows, input_bytes, &mut mine)?;
                 let bytes = batch_bytes(&kept);
                 self.add(None, kept, Vec::new(), bytes, &mut mine)?;
@@ -519,7 +587,13 @@ impl<'a> BuildCollector<'a> {
 
     /// `take` of some rows of `batch`, reserved first (by the rows' share of the
     /// batch's bytes, spilling if needed) and then corrected to what it really holds.
-    fn reserved_take(&self, batch: &RecordBatch, rows: &UInt32Array, batch_bytes_total: usize, reservation: &mut MemoryReservation) -> Result<RecordBatch> {
+    fn reserved_take(
+        &self,
+        batch: &RecordBatch,
+        rows: &UInt32Array,
+        batch_bytes_total: usize,
+        reservation: &mut MemoryReservation,
+    ) -> Result<RecordBatch> {
         let before = reservation.size();
         let estimate = batch_bytes_total * rows.len() / batch.num_rows().max(1) + 64;
         self.reserve(reservation, estimate)?;
@@ -549,7 +623,12 @@ impl<'a> BuildCollector<'a> {
             }
         }
         // Leave room for the probe: a few batches per worker.
-        let headroom = (self.largest_batch_bytes.load(Ordering::Relaxed).max(64 * 1024) * 4 * plan.threads)
+        let headroom = (self
+            .largest_batch_bytes
+            .load(Ordering::Relaxed)
+            .max(64 * 1024)
+            * 4
+            * plan.threads)
             .min(plan.pool.limit().bytes() / 4);
         let mut headroom_reservation = self.base.new_empty();
         self.reserve(&mut headroom_reservation, headroom)?;
@@ -574,9 +653,15 @@ impl<'a> BuildCollector<'a> {
                     break;
                 }
                 if !self.spill_something(Some(&planned))? {
-                    return Err(tables.try_grow(need).map_err(JoinError::from).err().unwrap_or_else(|| {
-                        JoinError::InvalidJoin("internal: no memory and nothing to spill".into())
-                    }));
+                    return Err(tables
+                        .try_grow(need)
+                        .map_err(JoinError::from)
+                        .err()
+                        .unwrap_or_else(|| {
+                            JoinError::InvalidJoin(
+                                "internal: no memory and nothing to spill".into(),
+                            )
+                        }));
                 }
             }
         }
@@ -594,8 +679,11 @@ impl<'a> BuildCollector<'a> {
         reservation.merge(tables.take());
         let unmatchable = self.finish_unmatchable(state.unmatchable, &mut reservation)?;
         let reservation = Mutex::new(reservation);
-        let slots: Vec<Mutex<Option<PartitionBuffer>>> =
-            state.partitions.into_iter().map(|b| Mutex::new(Some(b))).collect();
+        let slots: Vec<Mutex<Option<PartitionBuffer>>> = state
+            .partitions
+            .into_iter()
+            .map(|b| Mutex::new(Some(b)))
+            .collect();
         let built: Vec<Mutex<Option<Partition>>> = (0..fan_out).map(|_| Mutex::default()).collect();
         let next = AtomicUsize::new(0);
         run_workers(plan.threads, self.ctx.cancel, || loop {
@@ -621,14 +709,20 @@ impl<'a> BuildCollector<'a> {
                         .take()
                         .map(|w| w.finish())
                         .transpose()?
-                        .ok_or_else(|| JoinError::InvalidJoin("internal: lost a spill writer".into()))?;
+                        .ok_or_else(|| {
+                            JoinError::InvalidJoin("internal: lost a spill writer".into())
+                        })?;
                     Partition::Spilled(SpilledPartition {
                         file,
                         bloom: buffer.bloom.take(),
                     })
                 }
                 None => {
-                    let held = if buffer.total_rows > 0 { buffer.bytes + finish_bytes(plan, &buffer) } else { 0 };
+                    let held = if buffer.total_rows > 0 {
+                        buffer.bytes + finish_bytes(plan, &buffer)
+                    } else {
+                        0
+                    };
                     Partition::InMemory(finish_partition(plan, buffer, held, &reservation)?)
                 }
             };
@@ -639,7 +733,9 @@ impl<'a> BuildCollector<'a> {
             .map(|slot| {
                 slot.into_inner()
                     .unwrap_or_else(|p| p.into_inner())
-                    .ok_or_else(|| JoinError::InvalidJoin("internal: a partition was not built".into()))
+                    .ok_or_else(|| {
+                        JoinError::InvalidJoin("internal: a partition was not built".into())
+                    })
             })
             .collect::<Result<Vec<_>>>()?;
         Ok(BuiltSide {
@@ -652,7 +748,11 @@ impl<'a> BuildCollector<'a> {
     }
 
     /// Closes the unmatchable rows' file, or keeps them in memory.
-    fn finish_unmatchable(&self, mut buffer: PartitionBuffer, reservation: &mut MemoryReservation) -> Result<Unmatchable> {
+    fn finish_unmatchable(
+        &self,
+        mut buffer: PartitionBuffer,
+        reservation: &mut MemoryReservation,
+    ) -> Result<Unmatchable> {
         if buffer.writer.is_none() {
             return Ok(Unmatchable {
                 batches: buffer.fragments.into_iter().map(|(b, _)| b).collect(),
@@ -671,7 +771,11 @@ impl<'a> BuildCollector<'a> {
 /// concatenated batch while both exist, the key encoding and the table.
 fn finish_bytes(plan: &JoinPlan, part: &PartitionBuffer) -> usize {
     let rows = part.rows;
-    let concat = if part.fragments.len() > 1 { part.bytes } else { 0 };
+    let concat = if part.fragments.len() > 1 {
+        part.bytes
+    } else {
+        0
+    };
     let keys = if plan.keys.is_word_key() {
         rows * 9
     } else {
@@ -690,7 +794,9 @@ where
     let input = InputStreams::new(input);
     let num_rows = AtomicU64::new(0);
     let has_null_key = AtomicBool::new(false);
-    run_workers(ctx.plan.threads, ctx.cancel, || collector.collect(&input, &num_rows, &has_null_key))?;
+    run_workers(ctx.plan.threads, ctx.cancel, || {
+        collector.collect(&input, &num_rows, &has_null_key)
+    })?;
     collector.finish(num_rows.into_inner(), has_null_key.into_inner())
 }
 
@@ -710,14 +816,19 @@ pub(crate) fn finish_partition(
         )));
     }
     let (batch, hashes) = match buffer.fragments.len() {
-        0 => (RecordBatch::new_empty(Arc::clone(&plan.build_schema)), Vec::new()),
-        1 => buffer
-            .fragments
-            .into_iter()
-            .next()
-            .unwrap_or_else(|| (RecordBatch::new_empty(Arc::clone(&plan.build_schema)), Vec::new())),
+        0 => (
+            RecordBatch::new_empty(Arc::clone(&plan.build_schema)),
+            Vec::new(),
+        ),
+        1 => buffer.fragments.into_iter().next().unwrap_or_else(|| {
+            (
+                RecordBatch::new_empty(Arc::clone(&plan.build_schema)),
+                Vec::new(),
+            )
+        }),
         _ => {
-            let batch = concat_batches(&plan.build_schema, buffer.fragments.iter().map(|(b, _)| b))?;
+            let batch =
+                concat_batches(&plan.build_schema, buffer.fragments.iter().map(|(b, _)| b))?;
             let mut hashes = Vec::with_capacity(buffer.rows);
             for (_, h) in &buffer.fragments {
                 hashes.extend_from_slice(h);

@@ -24,14 +24,17 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Mutex;
 use std::time::Instant;
 
-use arrow_array::{RecordBatch, UInt32Array, BooleanArray};
+use arrow_array::{BooleanArray, RecordBatch, UInt32Array};
 use arrow_buffer::ScalarBuffer;
 use arrow_schema::ArrowError;
 use crossbeam::channel::Sender;
 use spilljoin_memory::MemoryConsumer;
 use spilljoin_spill::{SpillError, SpillFile, SpillManager};
 
-use crate::build::{batch_bytes, build_side, detach_hashes, finish_partition, run_workers, with_hash_column, BuiltSide, Partition, PartitionBuffer, Unmatchable};
+use crate::build::{
+    batch_bytes, build_side, detach_hashes, finish_partition, run_workers, with_hash_column,
+    BuiltSide, Partition, PartitionBuffer, Unmatchable,
+};
 use crate::error::{JoinError, Result, Side};
 use crate::join::InputStreams;
 use crate::join_type::BuildJoinType;
@@ -94,7 +97,11 @@ impl Ctx<'_> {
     }
 
     fn sink(&self) -> OutputSink {
-        OutputSink::new(self.plan.output.schema.clone(), self.plan.batch_size, self.sender.clone())
+        OutputSink::new(
+            self.plan.output.schema.clone(),
+            self.plan.batch_size,
+            self.sender.clone(),
+        )
     }
 
     fn note_peak(&self) {
@@ -119,7 +126,12 @@ pub(crate) struct Level {
 
 impl Level {
     /// Checks an input batch and splits off its stored hashes, if it has them.
-    pub fn split_input(&self, plan: &JoinPlan, batch: &RecordBatch, build: bool) -> Result<(RecordBatch, Option<ScalarBuffer<u64>>)> {
+    pub fn split_input(
+        &self,
+        plan: &JoinPlan,
+        batch: &RecordBatch,
+        build: bool,
+    ) -> Result<(RecordBatch, Option<ScalarBuffer<u64>>)> {
         if self.hashed_input {
             let (batch, hashes) = detach_hashes(batch)?;
             plan.check_batch(&batch, build)?;
@@ -140,24 +152,40 @@ pub(crate) struct Facts {
 }
 
 /// A spill file as an input stream.
-fn file_input(file: &SpillFile) -> Result<impl Iterator<Item = Result<RecordBatch, ArrowError>> + Send> {
-    Ok(file.reader()?.map(|r| r.map_err(|e| ArrowError::ExternalError(Box::new(e)))))
+fn file_input(
+    file: &SpillFile,
+) -> Result<impl Iterator<Item = Result<RecordBatch, ArrowError>> + Send> {
+    Ok(file
+        .reader()?
+        .map(|r| r.map_err(|e| ArrowError::ExternalError(Box::new(e)))))
 }
 
 /// Runs one level over its inputs, then the pairs it spilled. Returns the probe facts
 /// it saw.
-pub(crate) fn run_level<B, P>(ctx: &Ctx<'_>, level: Level, build: Vec<B>, probe: Vec<P>, facts: Facts) -> Result<Facts>
+pub(crate) fn run_level<B, P>(
+    ctx: &Ctx<'_>,
+    level: Level,
+    build: Vec<B>,
+    probe: Vec<P>,
+    facts: Facts,
+) -> Result<Facts>
 where
     B: Iterator<Item = Result<RecordBatch, ArrowError>> + Send,
     P: Iterator<Item = Result<RecordBatch, ArrowError>> + Send,
 {
     let plan = ctx.plan;
-    ctx.metrics.max_depth.fetch_max(level.depth as u64, Ordering::Relaxed);
+    ctx.metrics
+        .max_depth
+        .fetch_max(level.depth as u64, Ordering::Relaxed);
     let start = Instant::now();
     let built = build_side(ctx, level, build)?;
     if level.depth == 0 {
-        ctx.metrics.build_rows.store(built.num_rows, Ordering::Relaxed);
-        ctx.metrics.build_nanos.store(start.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        ctx.metrics
+            .build_rows
+            .store(built.num_rows, Ordering::Relaxed);
+        ctx.metrics
+            .build_nanos
+            .store(start.elapsed().as_nanos() as u64, Ordering::Relaxed);
     }
     ctx.note_peak();
 
@@ -168,7 +196,11 @@ where
     run_workers(plan.threads, ctx.cancel, || {
         let mut current = None;
         let mut reservation = consumer.new_empty();
-        state.reserve(ctx, &mut reservation, Prober::bytes_for(plan.batch_size, plan.batch_size))?;
+        state.reserve(
+            ctx,
+            &mut reservation,
+            Prober::bytes_for(plan.batch_size, plan.batch_size),
+        )?;
         let mut prober = Prober::new(ctx, level.bits, &built, &state);
         let mut sink = ctx.sink();
         loop {
@@ -181,7 +213,9 @@ where
             };
             let (batch, hashes) = level.split_input(plan, &batch, false)?;
             if level.depth == 0 {
-                ctx.metrics.probe_rows.fetch_add(batch.num_rows() as u64, Ordering::Relaxed);
+                ctx.metrics
+                    .probe_rows
+                    .fetch_add(batch.num_rows() as u64, Ordering::Relaxed);
             }
             let bytes = batch_bytes(&batch);
             state.reserve(ctx, &mut reservation, bytes)?;
@@ -190,7 +224,9 @@ where
             ctx.note_peak();
         }
         sink.finish()?;
-        ctx.metrics.output_rows.fetch_add(sink.rows(), Ordering::Relaxed);
+        ctx.metrics
+            .output_rows
+            .fetch_add(sink.rows(), Ordering::Relaxed);
         Ok(())
     })?;
     let facts = state.facts();
@@ -210,16 +246,22 @@ where
                 emit_build_rows(plan, &built, &state, p, &mut sink)?;
             }
             sink.finish()?;
-            ctx.metrics.output_rows.fetch_add(sink.rows(), Ordering::Relaxed);
+            ctx.metrics
+                .output_rows
+                .fetch_add(sink.rows(), Ordering::Relaxed);
             Ok(())
         })?;
         let mut sink = ctx.sink();
         emit_unmatchable(plan, &built.unmatchable, facts, &mut sink)?;
         sink.finish()?;
-        ctx.metrics.output_rows.fetch_add(sink.rows(), Ordering::Relaxed);
+        ctx.metrics
+            .output_rows
+            .fetch_add(sink.rows(), Ordering::Relaxed);
     }
     if level.depth == 0 {
-        ctx.metrics.probe_nanos.store(start.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        ctx.metrics
+            .probe_nanos
+            .store(start.elapsed().as_nanos() as u64, Ordering::Relaxed);
     }
 
     // Release this level's tables before joining what it spilled.
@@ -271,11 +313,20 @@ where
                     join_pair(&swapped, level, level_rows, new_build, new_probe, facts)?;
                 }
             }
-            None => join_pair(ctx, level, level_rows, &build_file, probe_file.as_ref(), facts)?,
+            None => join_pair(
+                ctx,
+                level,
+                level_rows,
+                &build_file,
+                probe_file.as_ref(),
+                facts,
+            )?,
         }
     }
     if level.depth == 0 {
-        ctx.metrics.spilled_nanos.store(start.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        ctx.metrics
+            .spilled_nanos
+            .store(start.elapsed().as_nanos() as u64, Ordering::Relaxed);
     }
     Ok(facts)
 }
@@ -299,7 +350,11 @@ fn join_pair(
                 hashed_input: true,
                 force_spill_fraction: 0.0,
             };
-            let probe_inputs = probe_file.map(file_input).transpose()?.into_iter().collect();
+            let probe_inputs = probe_file
+                .map(file_input)
+                .transpose()?
+                .into_iter()
+                .collect();
             run_level(ctx, sub, vec![file_input(build_file)?], probe_inputs, facts)?;
             Ok(())
         }
@@ -309,12 +364,20 @@ fn join_pair(
 
 /// Joins a spilled pair that cannot be split further: the build file in chunks that
 /// fit, each joined with the whole probe file (single-threaded).
-fn fallback(ctx: &Ctx<'_>, level: Level, build_file: &SpillFile, probe_file: Option<&SpillFile>, facts: Facts) -> Result<()> {
+fn fallback(
+    ctx: &Ctx<'_>,
+    level: Level,
+    build_file: &SpillFile,
+    probe_file: Option<&SpillFile>,
+    facts: Facts,
+) -> Result<()> {
     let plan = ctx.plan;
     ctx.metrics.fallbacks.fetch_add(1, Ordering::Relaxed);
     let resolved = plan.resolved;
     let bits = HashBits::new(0);
-    let consumer = MemoryConsumer::new("spilljoin fallback").with_can_spill(true).register(&plan.pool);
+    let consumer = MemoryConsumer::new("spilljoin fallback")
+        .with_can_spill(true)
+        .register(&plan.pool);
     let probe_rows = probe_file.map_or(0, |f| f.rows()) as usize;
     // Per probe row of the file: matched in some chunk?
     let mut matched_bits = consumer.new_empty();
@@ -322,7 +385,11 @@ fn fallback(ctx: &Ctx<'_>, level: Level, build_file: &SpillFile, probe_file: Opt
     if tracks_probe {
         matched_bits.try_grow(probe_rows.div_ceil(8))?;
     }
-    let mut matched = if tracks_probe { vec![false; probe_rows] } else { Vec::new() };
+    let mut matched = if tracks_probe {
+        vec![false; probe_rows]
+    } else {
+        Vec::new()
+    };
     let mut build = file_input(build_file)?;
     let mut pending: Option<RecordBatch> = None;
     let mut sink = ctx.sink();
@@ -359,7 +426,18 @@ fn fallback(ctx: &Ctx<'_>, level: Level, build_file: &SpillFile, probe_file: Opt
             has_null_key: false,
             _reservation: reservation.into_inner().unwrap_or_else(|p| p.into_inner()),
         };
-        let state = ProbeState::new(ctx, Level { bits, depth: level.depth + 1, hashed_input: true, force_spill_fraction: 0.0 }, &built, consumer.new_empty(), facts)?;
+        let state = ProbeState::new(
+            ctx,
+            Level {
+                bits,
+                depth: level.depth + 1,
+                hashed_input: true,
+                force_spill_fraction: 0.0,
+            },
+            &built,
+            consumer.new_empty(),
+            facts,
+        )?;
         let mut prober = Prober::new(ctx, bits, &built, &state).without_probe_row_output();
         let mut offset = 0usize;
         if let Some(file) = probe_file {
@@ -380,7 +458,12 @@ fn fallback(ctx: &Ctx<'_>, level: Level, build_file: &SpillFile, probe_file: Opt
                     }
                     if resolved == BuildJoinType::ProbeSemi && !newly.is_empty() {
                         let rows = UInt32Array::from(newly);
-                        sink.push(plan.output.gather(rows.len(), Some((&batch, &rows)), None, None)?)?;
+                        sink.push(plan.output.gather(
+                            rows.len(),
+                            Some((&batch, &rows)),
+                            None,
+                            None,
+                        )?)?;
                     }
                 }
                 offset += batch.num_rows();
@@ -400,17 +483,25 @@ fn fallback(ctx: &Ctx<'_>, level: Level, build_file: &SpillFile, probe_file: Opt
                 offset += n;
                 let out = if resolved == BuildJoinType::ProbeMark {
                     let all: UInt32Array = (0..n as u32).collect();
-                    plan.output.gather(n, Some((&batch, &all)), None, Some(&BooleanArray::from(seen.to_vec())))?
+                    plan.output.gather(
+                        n,
+                        Some((&batch, &all)),
+                        None,
+                        Some(&BooleanArray::from(seen.to_vec())),
+                    )?
                 } else {
                     let rows: UInt32Array = (0..n as u32).filter(|&r| !seen[r as usize]).collect();
-                    plan.output.gather(rows.len(), Some((&batch, &rows)), None, None)?
+                    plan.output
+                        .gather(rows.len(), Some((&batch, &rows)), None, None)?
                 };
                 sink.push(out)?;
             }
         }
     }
     sink.finish()?;
-    ctx.metrics.output_rows.fetch_add(sink.rows(), Ordering::Relaxed);
+    ctx.metrics
+        .output_rows
+        .fetch_add(sink.rows(), Ordering::Relaxed);
     Ok(())
 }
 
@@ -420,12 +511,25 @@ fn level_split(plan: &JoinPlan, batch: &RecordBatch) -> Result<(RecordBatch, Sca
     Ok((batch, hashes))
 }
 
-fn attach_back(plan: &JoinPlan, batch: &RecordBatch, hashes: &ScalarBuffer<u64>) -> Result<RecordBatch> {
-    crate::build::attach_hashes(batch, hashes.to_vec(), &with_hash_column(&plan.build_schema))
+fn attach_back(
+    plan: &JoinPlan,
+    batch: &RecordBatch,
+    hashes: &ScalarBuffer<u64>,
+) -> Result<RecordBatch> {
+    crate::build::attach_hashes(
+        batch,
+        hashes.to_vec(),
+        &with_hash_column(&plan.build_schema),
+    )
 }
 
 /// Runs a whole join: level 0 over the user's inputs.
-pub(crate) fn run<B, P>(ctx: &Ctx<'_>, build: Vec<B>, probe: Vec<P>, force_spill_fraction: f64) -> Result<()>
+pub(crate) fn run<B, P>(
+    ctx: &Ctx<'_>,
+    build: Vec<B>,
+    probe: Vec<P>,
+    force_spill_fraction: f64,
+) -> Result<()>
 where
     B: Iterator<Item = Result<RecordBatch, ArrowError>> + Send,
     P: Iterator<Item = Result<RecordBatch, ArrowError>> + Send,

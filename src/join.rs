@@ -17,8 +17,8 @@ use crossbeam::channel::{bounded, Receiver};
 use spilljoin_memory::{MemoryPool, UnboundedMemoryPool};
 use spilljoin_spill::{SpillConfig, SpillManager};
 
-use crate::exec::{run, Ctx, SharedMetrics};
 use crate::error::{JoinError, Result, Side};
+use crate::exec::{run, Ctx, SharedMetrics};
 use crate::filter::{JoinFilter, ResolvedFilter};
 use crate::join_type::JoinType;
 use crate::keys::{KeySpec, NullEquality};
@@ -502,9 +502,12 @@ impl<I: Iterator<Item = Result<RecordBatch, ArrowError>>> InputStreams<I> {
         if n == 0 {
             return None;
         }
-        let mut index = *current.get_or_insert_with(|| self.next_start.fetch_add(1, Ordering::Relaxed) % n);
+        let mut index =
+            *current.get_or_insert_with(|| self.next_start.fetch_add(1, Ordering::Relaxed) % n);
         for _ in 0..n {
-            let mut slot = self.streams[index].lock().unwrap_or_else(|p| p.into_inner());
+            let mut slot = self.streams[index]
+                .lock()
+                .unwrap_or_else(|p| p.into_inner());
             if let Some(stream) = slot.as_mut() {
                 match stream.next() {
                     Some(item) => {

@@ -41,9 +41,8 @@ pub use error::{JoinError, Result, Side};
 pub use exec::MAX_DEPTH;
 pub use filter::{FilterPredicate, JoinFilter};
 pub use join::{
-    HashJoin, HashJoinBuilder, JoinMetrics, JoinStream, DEFAULT_BATCH_SIZE_ROWS,
-    DEFAULT_PARTITION_BITS, FORCE_SPILL_ENV,
-    partition_bits_for,
+    partition_bits_for, HashJoin, HashJoinBuilder, JoinMetrics, JoinStream,
+    DEFAULT_BATCH_SIZE_ROWS, DEFAULT_PARTITION_BITS, FORCE_SPILL_ENV,
 };
 pub use join_type::{BuildJoinType, JoinType};
 pub use keys::NullEquality;

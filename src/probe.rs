@@ -28,7 +28,10 @@ use spilljoin_memory::MemoryReservation;
 use spilljoin_spill::{SpillFile, SpillWriter};
 
 use crate::bloom::Bloom;
-use crate::build::{attach_hashes, batch_bytes, lock, with_hash_column, BuiltPartition, BuiltSide, Partition, Unmatchable};
+use crate::build::{
+    attach_hashes, batch_bytes, lock, with_hash_column, BuiltPartition, BuiltSide, Partition,
+    Unmatchable,
+};
 use crate::error::{JoinError, Result};
 use crate::exec::{Ctx, Facts, Level};
 use crate::hash::hash_keys;
@@ -110,9 +113,17 @@ impl ProbeState {
             Partition::Spilled(_) => 0,
         };
         let visited = if plan.resolved.tracks_visited_build_rows() {
-            let bytes = built.partitions.iter().map(|p| VisitedBits::bytes_for(rows_of(p))).sum();
+            let bytes = built
+                .partitions
+                .iter()
+                .map(|p| VisitedBits::bytes_for(rows_of(p)))
+                .sum();
             reservation.try_grow(bytes)?;
-            built.partitions.iter().map(|p| VisitedBits::new(rows_of(p))).collect()
+            built
+                .partitions
+                .iter()
+                .map(|p| VisitedBits::new(rows_of(p)))
+                .collect()
         } else {
             Vec::new()
         };
@@ -155,7 +166,12 @@ impl ProbeState {
     ///
     /// # Errors
     /// [`JoinError::ResourcesExhausted`] when it does not fit even then.
-    pub fn reserve(&self, ctx: &Ctx<'_>, reservation: &mut MemoryReservation, bytes: usize) -> Result<()> {
+    pub fn reserve(
+        &self,
+        ctx: &Ctx<'_>,
+        reservation: &mut MemoryReservation,
+        bytes: usize,
+    ) -> Result<()> {
         if reservation.try_grow(bytes).is_ok() {
             return Ok(());
         }
@@ -168,9 +184,17 @@ impl ProbeState {
     /// Appends probe rows (with their hashes) to partition `p`'s spill file. Rows are
     /// buffered and written a batch at a time; when memory is short, this partition's
     /// buffer and then every other partition's is written first.
-    fn spill_rows(&self, ctx: &Ctx<'_>, p: usize, batch: RecordBatch, hashes: Vec<u64>) -> Result<()> {
+    fn spill_rows(
+        &self,
+        ctx: &Ctx<'_>,
+        p: usize,
+        batch: RecordBatch,
+        hashes: Vec<u64>,
+    ) -> Result<()> {
         let Some(slot) = self.spills.get(p).and_then(|s| s.as_ref()) else {
-            return Err(JoinError::InvalidJoin("internal: routing to an unspilled partition".into()));
+            return Err(JoinError::InvalidJoin(
+                "internal: routing to an unspilled partition".into(),
+            ));
         };
         let batch = attach_hashes(&batch, hashes, &self.spill_schema)?;
         let bytes = batch_bytes(&batch);
@@ -206,17 +230,27 @@ impl ProbeState {
             return Ok(());
         }
         if spill.writer.is_none() {
-            spill.writer = Some(ctx.spill.create_writer(Arc::clone(&self.spill_schema), &spill.label)?);
+            spill.writer = Some(
+                ctx.spill
+                    .create_writer(Arc::clone(&self.spill_schema), &spill.label)?,
+            );
             ctx.metrics.spill_files.fetch_add(1, Ordering::Relaxed);
         }
         let pending = std::mem::take(&mut spill.pending);
         let merged = concat_batches(&self.spill_schema, &pending)?;
         drop(pending);
-        let writer = spill.writer.as_mut().ok_or_else(|| JoinError::InvalidJoin("internal: no writer".into()))?;
+        let writer = spill
+            .writer
+            .as_mut()
+            .ok_or_else(|| JoinError::InvalidJoin("internal: no writer".into()))?;
         let before = writer.bytes_written();
         writer.write(&merged)?;
-        ctx.metrics.probe_bytes_spilled.fetch_add(writer.bytes_written() - before, Ordering::Relaxed);
-        ctx.metrics.probe_rows_spilled.fetch_add(merged.num_rows() as u64, Ordering::Relaxed);
+        ctx.metrics
+            .probe_bytes_spilled
+            .fetch_add(writer.bytes_written() - before, Ordering::Relaxed);
+        ctx.metrics
+            .probe_rows_spilled
+            .fetch_add(merged.num_rows() as u64, Ordering::Relaxed);
         spill.rows = 0;
         spill.reservation.free();
         Ok(())
@@ -263,7 +297,12 @@ pub(crate) struct Prober<'a> {
 }
 
 impl<'a> Prober<'a> {
-    pub fn new(ctx: &'a Ctx<'a>, bits: HashBits, built: &'a BuiltSide, state: &'a ProbeState) -> Self {
+    pub fn new(
+        ctx: &'a Ctx<'a>,
+        bits: HashBits,
+        built: &'a BuiltSide,
+        state: &'a ProbeState,
+    ) -> Self {
         Self {
             plan: ctx.plan,
             ctx,
@@ -300,7 +339,12 @@ impl<'a> Prober<'a> {
     }
 
     /// Probes one batch and sends its output.
-    pub fn probe(&mut self, batch: &RecordBatch, stored_hashes: Option<&[u64]>, sink: &mut OutputSink) -> Result<()> {
+    pub fn probe(
+        &mut self,
+        batch: &RecordBatch,
+        stored_hashes: Option<&[u64]>,
+        sink: &mut OutputSink,
+    ) -> Result<()> {
         let plan = self.plan;
         let n = batch.num_rows();
         if n == 0 {
@@ -361,7 +405,9 @@ impl<'a> Prober<'a> {
             .collect();
         let ctx = self.ctx;
         let skipped = self.grouped.partition(p).len() - rows.len();
-        ctx.metrics.probe_rows_skipped.fetch_add(skipped as u64, Ordering::Relaxed);
+        ctx.metrics
+            .probe_rows_skipped
+            .fetch_add(skipped as u64, Ordering::Relaxed);
         if rows.is_empty() {
             return Ok(());
         }
@@ -381,7 +427,9 @@ impl<'a> Prober<'a> {
         sink: &mut OutputSink,
     ) -> Result<()> {
         let Partition::InMemory(part) = &self.built.partitions[p] else {
-            return Err(JoinError::InvalidJoin("internal: probing a spilled partition".into()));
+            return Err(JoinError::InvalidJoin(
+                "internal: probing a spilled partition".into(),
+            ));
         };
         match (&keys.repr, &part.keys) {
             (
@@ -447,8 +495,10 @@ impl<'a> Prober<'a> {
         let rows = std::mem::take(&mut self.grouped.rows);
         let range = self.grouped.offsets[p]..self.grouped.offsets[p + 1];
         let mut firsts = std::mem::take(&mut self.firsts);
-        part.table
-            .first_entries(rows[range.clone()].iter().map(|&r| self.hashes[r as usize]), &mut firsts);
+        part.table.first_entries(
+            rows[range.clone()].iter().map(|&r| self.hashes[r as usize]),
+            &mut firsts,
+        );
         let result = (|| {
             if !has_filter && !resolved.emits_pairs() {
                 // Existence only: no pair is ever materialized.
@@ -456,18 +506,19 @@ impl<'a> Prober<'a> {
                 for (&r, &first) in rows[range.clone()].iter().zip(&firsts) {
                     let r = r as usize;
                     let hash = self.hashes[r];
-                    part.table.for_each_candidate_from(first, hash, &part.hashes, |b| {
-                        if !eq.key_eq(r, b) {
-                            return ControlFlow::Continue(());
-                        }
-                        if stop_at_first {
-                            self.matched[r] = true;
-                            ControlFlow::Break(())
-                        } else {
-                            self.state.visited[p].set(b);
-                            ControlFlow::Continue(())
-                        }
-                    });
+                    part.table
+                        .for_each_candidate_from(first, hash, &part.hashes, |b| {
+                            if !eq.key_eq(r, b) {
+                                return ControlFlow::Continue(());
+                            }
+                            if stop_at_first {
+                                self.matched[r] = true;
+                                ControlFlow::Break(())
+                            } else {
+                                self.state.visited[p].set(b);
+                                ControlFlow::Continue(())
+                            }
+                        });
                 }
                 return Ok(());
             }
@@ -476,14 +527,15 @@ impl<'a> Prober<'a> {
                 let r = r as usize;
                 let hash = self.hashes[r];
                 let mut full = false;
-                part.table.for_each_candidate_from(first, hash, &part.hashes, |b| {
-                    if eq.key_eq(r, b) {
-                        self.pair_probe.push(r as u32);
-                        self.pair_build.push(b as u32);
-                        full = self.pair_probe.len() >= batch_size;
-                    }
-                    ControlFlow::Continue(())
-                });
+                part.table
+                    .for_each_candidate_from(first, hash, &part.hashes, |b| {
+                        if eq.key_eq(r, b) {
+                            self.pair_probe.push(r as u32);
+                            self.pair_build.push(b as u32);
+                            full = self.pair_probe.len() >= batch_size;
+                        }
+                        ControlFlow::Continue(())
+                    });
                 // A hot key may add many pairs at once; flush in bounded slices.
                 if full {
                     self.flush_pairs(batch, part, p, sink)?;
@@ -586,7 +638,11 @@ impl<'a> Prober<'a> {
             }
             BuildJoinType::ProbeMark => {
                 let rows = select(&|_| true);
-                let marks: Vec<bool> = rows.values().iter().map(|&r| self.matched[r as usize]).collect();
+                let marks: Vec<bool> = rows
+                    .values()
+                    .iter()
+                    .map(|&r| self.matched[r as usize])
+                    .collect();
                 let mark = BooleanArray::new(BooleanBuffer::from(marks), None);
                 let out = output.gather(rows.len(), Some((batch, &rows)), None, Some(&mark))?;
                 return sink.push(out);
@@ -635,7 +691,12 @@ pub(crate) fn emit_build_rows(
 
 /// Outputs the build rows whose key can never match (unmatched by definition), from
 /// memory and from their spill file.
-pub(crate) fn emit_unmatchable(plan: &JoinPlan, unmatchable: &Unmatchable, facts: Facts, sink: &mut OutputSink) -> Result<()> {
+pub(crate) fn emit_unmatchable(
+    plan: &JoinPlan,
+    unmatchable: &Unmatchable,
+    facts: Facts,
+    sink: &mut OutputSink,
+) -> Result<()> {
     let keep = match plan.resolved {
         BuildJoinType::BuildNotIn => !facts.probe_non_empty,
         other => other.keeps_unmatchable_build_rows(),

@@ -11,12 +11,20 @@ use spilljoin::{HashJoinBuilder, JoinError, JoinType};
 
 fn batch(prefix: &str, start: i64, n: i64) -> RecordBatch {
     let k: Int64Array = (start..start + n).map(|i| Some(i % 5000)).collect();
-    let s: StringArray = (start..start + n).map(|i| Some(format!("{prefix}-{i}-{}", "p".repeat(40)))).collect();
-    RecordBatch::try_from_iter(vec![(format!("{prefix}k"), Arc::new(k) as ArrayRef), (format!("{prefix}s"), Arc::new(s) as ArrayRef)]).unwrap()
+    let s: StringArray = (start..start + n)
+        .map(|i| Some(format!("{prefix}-{i}-{}", "p".repeat(40))))
+        .collect();
+    RecordBatch::try_from_iter(vec![
+        (format!("{prefix}k"), Arc::new(k) as ArrayRef),
+        (format!("{prefix}s"), Arc::new(s) as ArrayRef),
+    ])
+    .unwrap()
 }
 
 fn batches(prefix: &str, count: i64) -> Vec<Result<RecordBatch, ArrowError>> {
-    (0..count).map(|i| Ok(batch(prefix, i * 1000, 1000))).collect()
+    (0..count)
+        .map(|i| Ok(batch(prefix, i * 1000, 1000)))
+        .collect()
 }
 
 struct Setup {
@@ -56,10 +64,15 @@ fn assert_clean(s: &Setup) {
 #[test]
 fn finished_spilling_join_leaves_nothing() {
     let s = setup(2 << 20);
-    let mut stream = join(&s, JoinType::Full).execute(batches("l", 40), batches("r", 20)).unwrap();
+    let mut stream = join(&s, JoinType::Full)
+        .execute(batches("l", 40), batches("r", 20))
+        .unwrap();
     let rows: usize = stream.by_ref().map(|b| b.unwrap().num_rows()).sum();
     let m = stream.metrics();
-    assert!(m.partitions_spilled > 0 && m.build_bytes_spilled > 0, "{m:?}");
+    assert!(
+        m.partitions_spilled > 0 && m.build_bytes_spilled > 0,
+        "{m:?}"
+    );
     // 40 000 left rows and 20 000 right rows over 5000 keys: every key has 8 left and
     // 4 right rows.
     assert_eq!(rows, 5000 * 8 * 4);
@@ -71,11 +84,16 @@ fn finished_spilling_join_leaves_nothing() {
 #[test]
 fn output_dropped_halfway_while_spilling_leaves_nothing() {
     let s = setup(2 << 20);
-    let mut stream = join(&s, JoinType::Inner).execute(batches("l", 40), batches("r", 20)).unwrap();
+    let mut stream = join(&s, JoinType::Inner)
+        .execute(batches("l", 40), batches("r", 20))
+        .unwrap();
     for _ in 0..3 {
         stream.next().unwrap().unwrap();
     }
-    assert!(s.spill.live_files() > 0, "the join should be spilling by now");
+    assert!(
+        s.spill.live_files() > 0,
+        "the join should be spilling by now"
+    );
     drop(stream);
     assert_clean(&s);
 }
@@ -85,18 +103,36 @@ fn failed_spilling_join_leaves_nothing() {
     let s = setup(2 << 20);
     let mut probe = batches("l", 40);
     probe[30] = Err(ArrowError::ComputeError("the probe input broke".into()));
-    let results: Vec<_> = join(&s, JoinType::Left).execute(probe, batches("r", 20)).unwrap().collect();
-    assert!(matches!(results.last(), Some(Err(JoinError::Input { .. }))), "{:?}", results.last());
+    let results: Vec<_> = join(&s, JoinType::Left)
+        .execute(probe, batches("r", 20))
+        .unwrap()
+        .collect();
+    assert!(
+        matches!(results.last(), Some(Err(JoinError::Input { .. }))),
+        "{:?}",
+        results.last()
+    );
     assert_clean(&s);
 }
 
 #[test]
 fn a_limit_below_the_floor_is_a_clear_error_and_leaves_nothing() {
     let s = setup(16 << 10);
-    let results: Vec<_> = join(&s, JoinType::Inner).execute(batches("l", 4), batches("r", 4)).unwrap().collect();
+    let results: Vec<_> = join(&s, JoinType::Inner)
+        .execute(batches("l", 4), batches("r", 4))
+        .unwrap()
+        .collect();
     match results.last() {
-        Some(Err(JoinError::ResourcesExhausted { consumer, requested_bytes, available_bytes, .. })) => {
-            assert!(requested_bytes > available_bytes, "{consumer}: {requested_bytes} > {available_bytes}");
+        Some(Err(JoinError::ResourcesExhausted {
+            consumer,
+            requested_bytes,
+            available_bytes,
+            ..
+        })) => {
+            assert!(
+                requested_bytes > available_bytes,
+                "{consumer}: {requested_bytes} > {available_bytes}"
+            );
         }
         other => panic!("expected ResourcesExhausted, got {other:?}"),
     }
@@ -108,10 +144,22 @@ fn a_disk_quota_reached_is_a_spill_error_and_leaves_nothing() {
     let root = tempfile::tempdir().unwrap();
     let s = Setup {
         pool: Arc::new(GreedyMemoryPool::new(2 << 20)),
-        spill: SpillManager::new(SpillConfig::default().with_root_dir(root.path()).with_disk_quota_bytes(100_000)).unwrap(),
+        spill: SpillManager::new(
+            SpillConfig::default()
+                .with_root_dir(root.path())
+                .with_disk_quota_bytes(100_000),
+        )
+        .unwrap(),
         _root: root,
     };
-    let results: Vec<_> = join(&s, JoinType::Inner).execute(batches("l", 40), batches("r", 20)).unwrap().collect();
-    assert!(matches!(results.last(), Some(Err(JoinError::Spill(_)))), "{:?}", results.last());
+    let results: Vec<_> = join(&s, JoinType::Inner)
+        .execute(batches("l", 40), batches("r", 20))
+        .unwrap()
+        .collect();
+    assert!(
+        matches!(results.last(), Some(Err(JoinError::Spill(_)))),
+        "{:?}",
+        results.last()
+    );
     assert_clean(&s);
 }

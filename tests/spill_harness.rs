@@ -29,7 +29,15 @@ const DEFAULT_CASES: u64 = 300;
 /// The smallest limit at which every case must finish.
 const FLOOR_BYTES: usize = 4 << 20;
 
-const LIMITS: [usize; 7] = [64 << 10, 256 << 10, 1 << 20, FLOOR_BYTES, 6 << 20, 16 << 20, usize::MAX];
+const LIMITS: [usize; 7] = [
+    64 << 10,
+    256 << 10,
+    1 << 20,
+    FLOOR_BYTES,
+    6 << 20,
+    16 << 20,
+    usize::MAX,
+];
 
 #[derive(Debug, Clone, Copy)]
 enum KeyShape {
@@ -42,23 +50,42 @@ enum KeyShape {
 fn keys(rng: &mut StdRng, shape: KeyShape, n: usize, domain: u64) -> Int64Array {
     (0..n)
         .map(|_| match shape {
-            KeyShape::Uniform => (!rng.random_bool(0.05)).then(|| rng.random_range(0..domain) as i64),
+            KeyShape::Uniform => {
+                (!rng.random_bool(0.05)).then(|| rng.random_range(0..domain) as i64)
+            }
             KeyShape::Zipf => {
                 let u: f64 = rng.random();
                 Some((domain as f64).powf(u) as i64)
             }
-            KeyShape::HotKey => Some(if rng.random_bool(0.8) { 7 } else { rng.random_range(0..domain) as i64 }),
+            KeyShape::HotKey => Some(if rng.random_bool(0.8) {
+                7
+            } else {
+                rng.random_range(0..domain) as i64
+            }),
             KeyShape::AllNull => None,
         })
         .collect()
 }
 
-fn side(rng: &mut StdRng, prefix: &str, shape: KeyShape, n: usize, domain: u64, wide: bool) -> RecordBatch {
+fn side(
+    rng: &mut StdRng,
+    prefix: &str,
+    shape: KeyShape,
+    n: usize,
+    domain: u64,
+    wide: bool,
+) -> RecordBatch {
     let k = keys(rng, shape, n, domain);
-    let v: Int64Array = (0..n).map(|_| (!rng.random_bool(0.1)).then(|| rng.random_range(0..20))).collect();
+    let v: Int64Array = (0..n)
+        .map(|_| (!rng.random_bool(0.1)).then(|| rng.random_range(0..20)))
+        .collect();
     let s: StringArray = (0..n)
         .map(|i| {
-            let len = if wide { rng.random_range(40..200) } else { rng.random_range(0..12) };
+            let len = if wide {
+                rng.random_range(40..200)
+            } else {
+                rng.random_range(0..12)
+            };
             Some(format!("{prefix}{i}:{}", "x".repeat(len)))
         })
         .collect();
@@ -67,7 +94,11 @@ fn side(rng: &mut StdRng, prefix: &str, shape: KeyShape, n: usize, domain: u64, 
         Field::new(format!("{prefix}v"), DataType::Int64, true),
         Field::new(format!("{prefix}s"), DataType::Utf8, false),
     ]));
-    RecordBatch::try_new(schema, vec![Arc::new(k) as ArrayRef, Arc::new(v), Arc::new(s)]).unwrap()
+    RecordBatch::try_new(
+        schema,
+        vec![Arc::new(k) as ArrayRef, Arc::new(v), Arc::new(s)],
+    )
+    .unwrap()
 }
 
 /// What one case exercised.
@@ -86,8 +117,16 @@ struct Tally {
 fn run_case(case: u64, tally: &mut Tally) {
     let (seed, mut rng) = rng_for(case.wrapping_add(7_000_000));
     let join_type = JoinType::ALL[rng.random_range(0..JoinType::ALL.len())];
-    let shapes = [KeyShape::Uniform, KeyShape::Zipf, KeyShape::HotKey, KeyShape::AllNull];
-    let (lshape, rshape) = (shapes[rng.random_range(0..4)], shapes[rng.random_range(0..4)]);
+    let shapes = [
+        KeyShape::Uniform,
+        KeyShape::Zipf,
+        KeyShape::HotKey,
+        KeyShape::AllNull,
+    ];
+    let (lshape, rshape) = (
+        shapes[rng.random_range(0..4)],
+        shapes[rng.random_range(0..4)],
+    );
     let size = |rng: &mut StdRng| [0, 1, 50, 400, 1500, 3000][rng.random_range(0..6)];
     let (ln, rn) = (size(&mut rng), size(&mut rng));
     let domain = [3, 50, 1000, 100_000][rng.random_range(0..4)];
@@ -152,7 +191,11 @@ fn run_case(case: u64, tally: &mut Tally) {
     for batch in stream.by_ref() {
         match batch {
             Ok(b) => {
-                assert!(b.num_rows() <= batch_size, "a batch of {} rows\n{context}", b.num_rows());
+                assert!(
+                    b.num_rows() <= batch_size,
+                    "a batch of {} rows\n{context}",
+                    b.num_rows()
+                );
                 output.push(b);
             }
             Err(e) => failure = Some(e),
@@ -171,8 +214,16 @@ fn run_case(case: u64, tally: &mut Tally) {
             tally.finished += 1;
             let actual = rendered_rows(&output);
             if actual != expected {
-                let missing: Vec<_> = expected.iter().filter(|r| !actual.contains(r)).take(3).collect();
-                let extra: Vec<_> = actual.iter().filter(|r| !expected.contains(r)).take(3).collect();
+                let missing: Vec<_> = expected
+                    .iter()
+                    .filter(|r| !actual.contains(r))
+                    .take(3)
+                    .collect();
+                let extra: Vec<_> = actual
+                    .iter()
+                    .filter(|r| !expected.contains(r))
+                    .take(3)
+                    .collect();
                 panic!(
                     "{} rows, expected {}\nmissing: {missing:?}\nextra: {extra:?}\nmetrics: {metrics:?}\n{context}",
                     actual.len(),
@@ -180,7 +231,9 @@ fn run_case(case: u64, tally: &mut Tally) {
                 );
             }
         }
-        Some(JoinError::ResourcesExhausted { .. }) if limit < FLOOR_BYTES => tally.exhausted_below_floor += 1,
+        Some(JoinError::ResourcesExhausted { .. }) if limit < FLOOR_BYTES => {
+            tally.exhausted_below_floor += 1
+        }
         Some(e) => panic!("{e} ({e:?})\n{context}"),
     }
     assert_eq!(pool.reserved(), 0, "reservations left\n{context}");
@@ -190,19 +243,37 @@ fn run_case(case: u64, tally: &mut Tally) {
 #[test]
 fn random_joins_under_random_memory_limits_match_the_reference() {
     let mut tally = Tally::default();
-    if let Some(case) = std::env::var("SPILLJOIN_HARNESS_CASE").ok().and_then(|s| s.parse().ok()) {
+    if let Some(case) = std::env::var("SPILLJOIN_HARNESS_CASE")
+        .ok()
+        .and_then(|s| s.parse().ok())
+    {
         run_case(case, &mut tally);
         eprintln!("{tally:?}");
         return;
     }
-    let cases = std::env::var("SPILLJOIN_HARNESS_CASES").ok().and_then(|s| s.parse().ok()).unwrap_or(DEFAULT_CASES);
+    let cases = std::env::var("SPILLJOIN_HARNESS_CASES")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(DEFAULT_CASES);
     for case in 0..cases {
         run_case(case, &mut tally);
     }
     eprintln!("{tally:?}");
     // The harness must keep exercising every path, whatever the dice say.
-    assert!(tally.spilled * 5 >= tally.cases, "too few cases spilled: {tally:?}");
-    assert!(tally.recursed > 0 && tally.fallbacks > 0, "no recursion or no fallback: {tally:?}");
-    assert!(tally.swapped > 0, "no spilled pair swapped roles: {tally:?}");
-    assert!(tally.finished * 2 >= tally.cases, "too many cases failed below the floor: {tally:?}");
+    assert!(
+        tally.spilled * 5 >= tally.cases,
+        "too few cases spilled: {tally:?}"
+    );
+    assert!(
+        tally.recursed > 0 && tally.fallbacks > 0,
+        "no recursion or no fallback: {tally:?}"
+    );
+    assert!(
+        tally.swapped > 0,
+        "no spilled pair swapped roles: {tally:?}"
+    );
+    assert!(
+        tally.finished * 2 >= tally.cases,
+        "too many cases failed below the floor: {tally:?}"
+    );
 }

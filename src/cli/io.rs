@@ -43,7 +43,8 @@ impl ParquetInput {
     /// The uncompressed size of `columns` (indices into the schema) from the Parquet
     /// footer: an estimate of their size in memory, read without decoding anything.
     pub fn uncompressed_bytes(&self, columns: &[usize]) -> Result<u64> {
-        let file = File::open(&self.path).with_context(|| format!("cannot open {}", self.path.display()))?;
+        let file = File::open(&self.path)
+            .with_context(|| format!("cannot open {}", self.path.display()))?;
         let builder = ParquetRecordBatchReaderBuilder::try_new(file)?;
         let descr = builder.parquet_schema();
         let mut total = 0u64;

@@ -239,25 +239,43 @@ fn write_metrics(
     let fields: [(&str, String); 19] = [
         ("output_rows", output_rows.to_string()),
         ("elapsed_seconds", format!("{:.6}", elapsed.as_secs_f64())),
-        ("build_seconds", format!("{:.6}", m.build_time.as_secs_f64())),
-        ("probe_seconds", format!("{:.6}", m.probe_time.as_secs_f64())),
-        ("spilled_partitions_seconds", format!("{:.6}", m.spilled_time.as_secs_f64())),
+        (
+            "build_seconds",
+            format!("{:.6}", m.build_time.as_secs_f64()),
+        ),
+        (
+            "probe_seconds",
+            format!("{:.6}", m.probe_time.as_secs_f64()),
+        ),
+        (
+            "spilled_partitions_seconds",
+            format!("{:.6}", m.spilled_time.as_secs_f64()),
+        ),
         ("build_rows", m.build_rows.to_string()),
         ("probe_rows", m.probe_rows.to_string()),
         ("build_rows_spilled", m.build_rows_spilled.to_string()),
         ("build_bytes_spilled", m.build_bytes_spilled.to_string()),
         ("probe_rows_spilled", m.probe_rows_spilled.to_string()),
         ("probe_bytes_spilled", m.probe_bytes_spilled.to_string()),
-        ("probe_rows_skipped_by_bloom", m.probe_rows_skipped.to_string()),
+        (
+            "probe_rows_skipped_by_bloom",
+            m.probe_rows_skipped.to_string(),
+        ),
         ("spill_files", m.spill_files.to_string()),
         ("partitions_spilled", m.partitions_spilled.to_string()),
         ("max_recursion_depth", m.max_depth.to_string()),
         ("fallbacks", m.fallbacks.to_string()),
         ("peak_reserved_bytes", m.peak_reserved_bytes.to_string()),
         ("memory_limit_bytes", limit_bytes.to_string()),
-        ("peak_rss_bytes", peak_rss_bytes().map_or("null".into(), |b| b.to_string())),
+        (
+            "peak_rss_bytes",
+            peak_rss_bytes().map_or("null".into(), |b| b.to_string()),
+        ),
     ];
-    let body: Vec<String> = fields.iter().map(|(k, v)| format!("  \"{k}\": {v}")).collect();
+    let body: Vec<String> = fields
+        .iter()
+        .map(|(k, v)| format!("  \"{k}\": {v}"))
+        .collect();
     let json = format!("{{\n{}\n}}\n", body.join(",\n"));
     std::fs::write(path, json)
         .with_context(|| format!("cannot write metrics to {}", path.display()))

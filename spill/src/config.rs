@@ -68,16 +68,24 @@ impl FromStr for SpillCompression {
 /// How a [`crate::SpillReader`] gets the bytes of a file.
 ///
 /// Both modes decode the same bytes with the same checks and yield the same
-/// batches; they differ only in speed and in what a concurrent truncation of
-/// the file does (see [`SpillReadMode::Mmap`]).
+/// batches; they differ in speed, in where the batches' memory lives, and in
+/// what a concurrent truncation of the file does (see [`SpillReadMode::Mmap`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub enum SpillReadMode {
-    /// `read(2)` each message into a freshly allocated, 64-byte aligned buffer
-    /// that the decoded arrays then share (one copy, out of the page cache).
+    /// `read(2)` each message into a freshly allocated buffer that the
+    /// decoded arrays then share: one copy, out of the page cache, into
+    /// ordinary heap memory.
     ///
-    /// The default: it measured faster than [`SpillReadMode::Mmap`] on the
-    /// benchmark machine once the batches' pages are touched (see
-    /// `BENCHMARKS.md`, "Spill files").
+    /// The default. Only decoding an uncompressed file is faster with
+    /// [`SpillReadMode::Mmap`] (no copy: ~2.0 ms instead of ~3.2 ms per
+    /// 64 MiB on `benches/spill_io.rs`). Compressed files decode as fast or
+    /// faster this way, and a consumer that reads every byte of the batches,
+    /// as a join does, was faster with this mode in 7 of 10 runs (`read_scan`,
+    /// ~11.5 ms vs ~12 ms on a quiet machine; up to 7% slower in the other
+    /// three; see `BENCHMARKS.md`): the copy lands in cache-hot heap pages,
+    /// while the mapping is read page by page from the page cache. The
+    /// batches are also ordinary heap memory, and nothing another process
+    /// does to the file can crash the reader.
     #[default]
     Buffered,
     /// Map the file and decode arrays that point straight into the mapping
@@ -85,8 +93,8 @@ pub enum SpillReadMode {
     ///
     /// Pages are faulted in when the arrays are first touched. If another
     /// process truncates the file while it is mapped, touching the lost pages
-    /// raises `SIGBUS`; the private spill directory makes that impossible for
-    /// the manager's own files, so only use this mode with
+    /// raises `SIGBUS`; the private spill directory rules that out for the
+    /// manager's own files, so only use this mode with
     /// [`crate::read_spill_file`] on files nobody else modifies.
     Mmap,
 }
@@ -198,7 +206,10 @@ mod tests {
         ] {
             assert_eq!(c.to_string().parse::<SpillCompression>(), Ok(c));
         }
-        assert_eq!("ZSTD".parse::<SpillCompression>(), Ok(SpillCompression::Zstd));
+        assert_eq!(
+            "ZSTD".parse::<SpillCompression>(),
+            Ok(SpillCompression::Zstd)
+        );
         let err = "gzip".parse::<SpillCompression>().unwrap_err();
         assert_eq!(
             err.to_string(),

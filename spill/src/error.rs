@@ -24,9 +24,10 @@ pub enum SpillError {
 
     /// A write would have taken the manager's files past its disk quota.
     ///
-    /// The write did not happen; the writer that hit the limit is unusable
-    /// afterwards (see [`SpillError::WriterFailed`]) and should be dropped,
-    /// which deletes its partial file and returns its bytes to the quota.
+    /// Nothing of the refused message was written; the writer that hit the
+    /// limit is unusable afterwards (see [`SpillError::WriterFailed`]) and
+    /// should be dropped, which deletes its file and returns its bytes to the
+    /// quota.
     #[error(
         "spill disk quota exceeded writing {}: quota {quota_bytes} bytes, \
          {used_bytes} bytes used, {requested_bytes} bytes requested",
@@ -39,7 +40,8 @@ pub enum SpillError {
         quota_bytes: u64,
         /// Bytes held by all live files of the manager at the time of the write.
         used_bytes: u64,
-        /// Size of the write that was refused.
+        /// Size of the refused message: an encoded batch with its
+        /// dictionaries, or the schema and end-of-stream marker at `finish`.
         requested_bytes: u64,
     },
 
@@ -131,7 +133,10 @@ mod tests {
             err.to_string(),
             "i/o error on spill file /tmp/x.arrows: disk on fire"
         );
-        assert_eq!(err.source().map(|s| s.to_string()).as_deref(), Some("disk on fire"));
+        assert_eq!(
+            err.source().map(|s| s.to_string()).as_deref(),
+            Some("disk on fire")
+        );
         assert_eq!(err.path(), std::path::Path::new("/tmp/x.arrows"));
 
         let err = SpillError::QuotaExceeded {
@@ -151,7 +156,9 @@ mod tests {
             batch_index: 3,
             source: ArrowError::IpcError("bad".into()),
         };
-        assert!(err.to_string().starts_with("corrupt spill file f at batch 3: "));
+        assert!(err
+            .to_string()
+            .starts_with("corrupt spill file f at batch 3: "));
         assert!(err.source().is_some());
     }
 }

@@ -56,13 +56,6 @@ impl FileGuard {
         self.bytes += bytes;
         Ok(())
     }
-
-    /// Gives back part of the last reservation (a short write).
-    pub(crate) fn unreserve(&mut self, bytes: u64) {
-        assert!(bytes <= self.bytes, "unreserving more than the file holds");
-        self.manager.quota.release(bytes);
-        self.bytes -= bytes;
-    }
 }
 
 impl Drop for FileGuard {

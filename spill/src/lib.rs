@@ -57,10 +57,12 @@
 //! # Disk quota
 //!
 //! [`SpillConfig::disk_quota_bytes`] bounds the bytes held by all live files
-//! of one manager together. Bytes are reserved before each write reaches the
-//! file, so the quota is never overshot; a refused write fails with
-//! [`SpillError::QuotaExceeded`] carrying the numbers, and leaves that writer
-//! unusable. Deleting a file returns its bytes. [`SpillManager::disk_used_bytes`]
+//! of one manager together. Each encoded message (a batch with its
+//! dictionaries, or the end-of-stream marker) reserves its bytes before any
+//! of it reaches the file, so the quota is never overshot; a refused message
+//! writes nothing, fails with [`SpillError::QuotaExceeded`] carrying the
+//! numbers, and leaves that writer unusable. Deleting a file returns its
+//! bytes. [`SpillManager::disk_used_bytes`]
 //! is the figure the quota is checked against, [`SpillManager::metrics`] the
 //! cumulative totals.
 //!
@@ -119,7 +121,7 @@ mod writer;
 pub use config::{ParseSpillOptionError, SpillCompression, SpillConfig, SpillReadMode};
 pub use error::SpillError;
 pub use file::SpillFile;
-pub use manager::{SpillManager, SpillMetrics};
+pub use manager::{SpillManager, SpillMetrics, WRITE_BUFFER_BYTES};
 pub use reader::{read_spill_file, SpillReader, UNTRUSTED_DECODED_BYTES_MAX};
 pub use writer::SpillWriter;
 

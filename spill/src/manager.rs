@@ -14,13 +14,20 @@ use crate::file::FileGuard;
 use crate::quota::DiskQuota;
 use crate::writer::{CountingWriter, SpillWriter};
 
-/// Capacity of the `BufWriter` between the IPC encoder and the file.
+/// Capacity of the `BufWriter` in front of each spill file: memory every
+/// open [`SpillWriter`] holds besides the batch being encoded, which a caller
+/// with a memory budget should reserve per open writer.
 ///
-/// The encoder issues one `write` per buffer and per padding run, many of them
-/// a few bytes long; the buffer turns those into large `write(2)` calls, while
-/// buffers at least this large bypass it. 1 MiB measured within noise of
-/// 4 MiB and clearly ahead of the 8 KiB default on `benches/spill_io.rs`.
-pub(crate) const WRITE_BUFFER_BYTES: usize = 1 << 20;
+/// Each encoded message is handed over in one vectored write: messages
+/// smaller than this are copied into the buffer and coalesced, larger ones
+/// go straight to `writev(2)` without a copy. On `benches/spill_io.rs`
+/// (8192-row messages of ~800 KB) 64 KiB, 256 KiB and 1 MiB all wrote the
+/// 64 MiB in 15.2–15.4 ms (fastest of 10 samples), against 13.0–13.5 ms for
+/// a plain `write_all` of the same bytes. Before writes were vectored
+/// (arrow's `StreamWriter`, one `write` per buffer), the capacity decided
+/// everything: 8 KiB 21–25 ms, 1 MiB 16–18 ms. 256 KiB keeps small batches
+/// coalesced at a quarter of the memory of 1 MiB.
+pub const WRITE_BUFFER_BYTES: usize = 256 << 10;
 
 /// Longest part of a file name taken from a writer's label.
 const LABEL_MAX_CHARS: usize = 48;
@@ -142,13 +149,13 @@ impl SpillManager {
     ///
     /// `label` only goes into the file name (sanitised to `[A-Za-z0-9_-]`,
     /// at most 48 characters), to tell files apart when debugging; names stay
-    /// unique whatever the label. The schema message is written at once.
+    /// unique whatever the label. The file is created empty; the schema
+    /// message is written with the first batch, or by `finish`.
     ///
     /// # Errors
     ///
-    /// [`SpillError::Io`] if the file cannot be created or written,
-    /// [`SpillError::QuotaExceeded`] if even the schema message does not fit
-    /// in the quota, [`SpillError::Arrow`] if arrow cannot encode the schema.
+    /// [`SpillError::Io`] if the file cannot be created,
+    /// [`SpillError::Arrow`] if the IPC format cannot carry the schema.
     pub fn create_writer(&self, schema: SchemaRef, label: &str) -> Result<SpillWriter, SpillError> {
         let id = self.inner.next_file_id.fetch_add(1, Ordering::Relaxed);
         let path = self

@@ -68,8 +68,8 @@ pub(crate) struct Buffered {
 }
 
 pub(crate) struct Mapped {
-    /// The whole mapping; decoded arrays slice it without copying.
-    bytes: Buffer,
+    /// `None` for an empty file, which cannot be mapped.
+    map: Option<Arc<memmap2::Mmap>>,
     position: usize,
 }
 
@@ -142,7 +142,7 @@ impl MessageSource {
                 b.remaining -= 4;
             }
             Self::Mapped(m) => {
-                word.copy_from_slice(&m.bytes[m.position..m.position + 4]);
+                word.copy_from_slice(&m.bytes()[m.position..m.position + 4]);
                 m.position += 4;
             }
         }
@@ -177,9 +177,9 @@ impl MessageSource {
                 Ok(Buffer::from_vec(bytes))
             }
             Self::Mapped(m) => {
-                let slice = m.bytes.slice_with_length(m.position, len);
+                let buffer = m.buffer(len);
                 m.position += len;
-                Ok(slice)
+                Ok(buffer)
             }
         }
     }
@@ -187,7 +187,7 @@ impl MessageSource {
     fn remaining(&self) -> u64 {
         match self {
             Self::Buffered(b) => b.remaining,
-            Self::Mapped(m) => (m.bytes.len() - m.position) as u64,
+            Self::Mapped(m) => (m.bytes().len() - m.position) as u64,
         }
     }
 }
@@ -197,29 +197,49 @@ impl Mapped {
         if len == 0 {
             // Mapping zero bytes fails on some platforms; nothing to map.
             return Ok(Self {
-                bytes: Buffer::from_vec(Vec::<u8>::new()),
+                map: None,
                 position: 0,
             });
         }
         // SAFETY: the mapping is valid for as long as the `Mmap` lives, and
-        // the `Buffer` below owns it through an `Arc`. Its contents may only
-        // change (or its pages vanish, raising SIGBUS) if another process
-        // writes or truncates the file while it is mapped. Spill files live
-        // in a 0o700 directory of this process and are never written after
-        // `finish`; `SpillReadMode::Mmap` documents the risk for other paths.
-        let mmap = unsafe { memmap2::MmapOptions::new().map(file)? };
+        // every `Buffer` made from it owns it through the `Arc`. Its contents
+        // may only change (or its pages vanish, raising SIGBUS) if another
+        // process writes or truncates the file while it is mapped. Spill files
+        // live in a 0o700 directory of this process and are never written
+        // after `finish`; `SpillReadMode::Mmap` documents the risk for other
+        // paths.
+        let map = unsafe { memmap2::MmapOptions::new().map(file)? };
         // Readahead hint only; failure changes nothing but speed.
         #[cfg(unix)]
-        let _ = mmap.advise(memmap2::Advice::Sequential);
-        let ptr = NonNull::new(mmap.as_ptr().cast_mut()).ok_or_else(|| {
-            io::Error::other("mmap returned a null pointer")
-        })?;
-        let map_len = mmap.len();
-        // SAFETY: `ptr` points to `map_len` readable bytes owned by `mmap`,
-        // which the buffer keeps alive (the `Arc` owner) until the last slice
-        // of it is dropped; the bytes are never written through this pointer.
-        let bytes = unsafe { Buffer::from_custom_allocation(ptr, map_len, Arc::new(mmap)) };
-        Ok(Self { bytes, position: 0 })
+        let _ = map.advise(memmap2::Advice::Sequential);
+        Ok(Self {
+            map: Some(Arc::new(map)),
+            position: 0,
+        })
+    }
+
+    fn bytes(&self) -> &[u8] {
+        self.map.as_deref().map_or(&[], |map| &map[..])
+    }
+
+    /// A zero-copy buffer over the next `len` bytes, which the caller has
+    /// checked are there.
+    ///
+    /// Each message gets its own `Buffer` rather than a slice of one buffer
+    /// over the whole file, because a buffer's capacity is what arrow counts
+    /// as an array's memory (`get_array_memory_size`): a slice of a
+    /// whole-file buffer would claim the whole file for every array.
+    fn buffer(&self, len: usize) -> Buffer {
+        let Some(map) = &self.map else {
+            return Buffer::from_vec(Vec::<u8>::new());
+        };
+        let bytes = &map[self.position..self.position + len];
+        let ptr = NonNull::from(bytes).cast::<u8>();
+        // SAFETY: `ptr` points to `len` initialised, readable bytes inside
+        // the mapping (the slice above is bounds-checked), and the buffer
+        // owns an `Arc` of the mapping, so the bytes stay mapped until the
+        // last slice of the buffer is dropped. Nothing writes through it.
+        unsafe { Buffer::from_custom_allocation(ptr, len, map.clone()) }
     }
 }
 

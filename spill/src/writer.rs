@@ -1,38 +1,36 @@
-//! Writing a spill file: an Arrow IPC stream through a quota-checking counter.
+//! Writing a spill file: arrow's IPC stream encoder, then one vectored write
+//! per message through a quota-checking counter.
 //!
 //! ```text
-//! StreamWriter ──► CountingWriter ──► BufWriter (1 MiB) ──► File
-//!  (encodes)       (reserves quota     (coalesces the
-//!                   before each write)  small writes)
+//!  batch ──► StreamEncoder ──► Vec<Buffer> ──► CountingWriter ──► BufWriter ──► File
+//!            (IPC framing;     (the batch's    (reserves quota    (copies messages
+//!             compression)      own buffers     for the whole      smaller than its
+//!                               when not        message first)     capacity; writev(2)
+//!                               compressed)                        for larger ones)
 //! ```
+//!
+//! arrow's `StreamWriter` would do the same framing but issue one `write` per
+//! buffer and per padding run; behind a `BufWriter` large enough to make
+//! those cheap, every byte is copied once more. Encoding to buffers and
+//! writing a message with one `writev` keeps uncompressed batches zero-copy
+//! on the way to the kernel (see [`crate::WRITE_BUFFER_BYTES`] for the
+//! measurements), and lets the quota refuse a whole message before any of it
+//! reaches the file.
 
 use std::fs::File;
-use std::io::{self, BufWriter, Write};
+use std::io::{self, BufWriter, IoSlice, Write};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 
 use arrow_array::RecordBatch;
-use arrow_ipc::writer::{IpcWriteOptions, StreamWriter};
-use arrow_schema::{ArrowError, SchemaRef};
+use arrow_buffer::Buffer;
+use arrow_ipc::writer::{IpcWriteOptions, StreamEncoder};
+use arrow_schema::SchemaRef;
 
 use crate::config::SpillCompression;
 use crate::error::SpillError;
 use crate::file::{FileGuard, SpillFile};
-use crate::quota::QuotaDenied;
-
-impl std::fmt::Display for QuotaDenied {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "spill disk quota of {} bytes exceeded ({} used, {} requested)",
-            self.quota_bytes, self.used_bytes, self.requested_bytes
-        )
-    }
-}
-
-/// Carried inside the `io::Error` a refused write returns, so that the
-/// numbers survive the trip through arrow's `ArrowError::IoError`.
-impl std::error::Error for QuotaDenied {}
+use crate::manager::ManagerInner;
 
 /// Counts the bytes going to the file and reserves quota for them first.
 pub(crate) struct CountingWriter {
@@ -44,6 +42,30 @@ pub(crate) struct CountingWriter {
 impl CountingWriter {
     pub(crate) fn new(inner: BufWriter<File>, guard: FileGuard) -> Self {
         Self { inner, guard }
+    }
+
+    /// Writes one encoded message, reserving quota for all of it first: a
+    /// refused message writes nothing.
+    fn write_message(&mut self, buffers: &[Buffer]) -> Result<(), SpillError> {
+        let bytes: u64 = buffers.iter().map(|b| b.len() as u64).sum();
+        if let Err(denied) = self.guard.reserve(bytes) {
+            return Err(SpillError::QuotaExceeded {
+                path: self.guard.path().to_owned(),
+                quota_bytes: denied.quota_bytes,
+                used_bytes: denied.used_bytes,
+                requested_bytes: denied.requested_bytes,
+            });
+        }
+        self.guard
+            .manager()
+            .bytes_written
+            .fetch_add(bytes, Ordering::Relaxed);
+        // On failure the reservation stays: some of the bytes may be in the
+        // file, which the failed writer deletes when it is dropped.
+        write_all_vectored(&mut self.inner, buffers).map_err(|source| SpillError::Io {
+            path: self.guard.path().to_owned(),
+            source,
+        })
     }
 
     /// Flushes and closes the file, handing back the guard that owns it.
@@ -62,25 +84,23 @@ impl CountingWriter {
     }
 }
 
-impl Write for CountingWriter {
-    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        let requested = buf.len() as u64;
-        self.guard.reserve(requested).map_err(io::Error::other)?;
-        match self.inner.write(buf) {
-            Ok(written) => {
-                self.guard.unreserve(requested - written as u64);
-                Ok(written)
-            }
-            Err(e) => {
-                self.guard.unreserve(requested);
-                Err(e)
-            }
+/// `Write::write_all_vectored`, which is not stable yet.
+fn write_all_vectored(writer: &mut impl Write, buffers: &[Buffer]) -> io::Result<()> {
+    let mut slices: Vec<IoSlice<'_>> = buffers
+        .iter()
+        .filter(|b| !b.is_empty())
+        .map(|b| IoSlice::new(b.as_slice()))
+        .collect();
+    let mut slices = &mut slices[..];
+    while !slices.is_empty() {
+        match writer.write_vectored(slices) {
+            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+            Ok(written) => IoSlice::advance_slices(&mut slices, written),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
         }
     }
-
-    fn flush(&mut self) -> io::Result<()> {
-        self.inner.flush()
-    }
+    Ok(())
 }
 
 /// Writes record batches into a new spill file.
@@ -89,11 +109,18 @@ impl Write for CountingWriter {
 /// consumes it and returns the [`SpillFile`]. Dropping a writer without
 /// finishing it deletes the file and returns its bytes to the quota.
 ///
+/// The schema message goes out with the first batch (or at `finish`).
 /// After any failed [`write`](SpillWriter::write) except a schema mismatch
-/// (which writes nothing), the file may end inside a message, so every
-/// further call returns [`SpillError::WriterFailed`].
+/// (which writes nothing), the encoder's dictionary state and the file may
+/// disagree, so every further call returns [`SpillError::WriterFailed`].
+///
+/// # Memory
+///
+/// An open writer holds a [`crate::WRITE_BUFFER_BYTES`] buffer. While a
+/// batch is written with compression, its compressed buffers are held too.
 pub struct SpillWriter {
-    ipc: StreamWriter<CountingWriter>,
+    encoder: StreamEncoder,
+    sink: CountingWriter,
     schema: SchemaRef,
     path: PathBuf,
     rows: u64,
@@ -114,32 +141,30 @@ impl std::fmt::Debug for SpillWriter {
 }
 
 impl SpillWriter {
-    /// Writes the schema message and returns the writer.
+    /// Sets up the encoder; nothing is written yet.
     pub(crate) fn try_new(
         sink: CountingWriter,
         schema: SchemaRef,
         compression: SpillCompression,
     ) -> Result<Self, SpillError> {
         let path = sink.guard.path().to_owned();
-        debug_assert_eq!(sink.guard.bytes(), 0);
+        let arrow_error = |source| SpillError::Arrow {
+            path: path.clone(),
+            source,
+        };
         let options = IpcWriteOptions::default()
             .try_with_compression(compression.ipc_compression())
-            .map_err(|source| SpillError::Arrow {
-                path: path.clone(),
-                source,
-            })?;
-        let ipc = StreamWriter::try_new_with_options(sink, &schema, options)
-            .map_err(|e| map_write_error(&path, e))?;
-        let writer = Self {
-            ipc,
+            .map_err(arrow_error)?;
+        let encoder = StreamEncoder::try_new_with_options(&schema, options).map_err(arrow_error)?;
+        Ok(Self {
+            encoder,
+            sink,
             schema,
             path,
             rows: 0,
             batches: 0,
             failed: false,
-        };
-        writer.add_bytes_metric(writer.bytes_written());
-        Ok(writer)
+        })
     }
 
     /// Where the file is being written.
@@ -160,15 +185,12 @@ impl SpillWriter {
     /// [`SpillError::SchemaMismatch`] if the batch's schema is not equal to
     /// the writer's (field names, types, nullability and metadata all count);
     /// nothing is written and the writer stays usable.
-    /// [`SpillError::QuotaExceeded`], [`SpillError::Io`] or
-    /// [`SpillError::Arrow`] if encoding or writing failed; the writer is
-    /// unusable afterwards ([`SpillError::WriterFailed`]).
+    /// [`SpillError::QuotaExceeded`] if the encoded batch does not fit in the
+    /// quota (nothing of it is written), [`SpillError::Io`] if writing failed,
+    /// [`SpillError::Arrow`] if arrow cannot encode or compress it; the writer
+    /// is unusable afterwards ([`SpillError::WriterFailed`]).
     pub fn write(&mut self, batch: &RecordBatch) -> Result<(), SpillError> {
-        if self.failed {
-            return Err(SpillError::WriterFailed {
-                path: self.path.clone(),
-            });
-        }
+        self.check_usable()?;
         let found = batch.schema_ref();
         if !std::sync::Arc::ptr_eq(found, &self.schema) && **found != *self.schema {
             return Err(SpillError::SchemaMismatch {
@@ -177,17 +199,22 @@ impl SpillWriter {
                 found: found.clone(),
             });
         }
-        let bytes_before = self.bytes_written();
-        let result = self.ipc.write(batch);
-        self.add_bytes_metric(self.bytes_written() - bytes_before);
-        if let Err(e) = result {
-            self.failed = true;
-            return Err(map_write_error(&self.path, e));
-        }
+        // Whatever happens next may leave the encoder's dictionary tracker
+        // ahead of the file; only success clears the flag again.
+        self.failed = true;
+        let buffers = self
+            .encoder
+            .encode(batch)
+            .map_err(|source| SpillError::Arrow {
+                path: self.path.clone(),
+                source,
+            })?;
+        self.sink.write_message(&buffers)?;
+        self.failed = false;
         let rows = batch.num_rows() as u64;
         self.rows += rows;
         self.batches += 1;
-        let manager = self.ipc.get_ref().guard.manager();
+        let manager = self.manager();
         manager.rows_written.fetch_add(rows, Ordering::Relaxed);
         manager.batches_written.fetch_add(1, Ordering::Relaxed);
         Ok(())
@@ -201,7 +228,7 @@ impl SpillWriter {
     /// Bytes written to the file so far (handed to the file's buffer),
     /// including the schema message and IPC framing.
     pub fn bytes_written(&self) -> u64 {
-        self.ipc.get_ref().guard.bytes()
+        self.sink.guard.bytes()
     }
 
     /// Batches written so far.
@@ -209,61 +236,46 @@ impl SpillWriter {
         self.batches
     }
 
-    /// Writes the end-of-stream marker, flushes and closes the file, and
-    /// returns it as a read-only [`SpillFile`].
+    /// Writes the end-of-stream marker (after the schema, if no batch was
+    /// written), flushes and closes the file, and returns it as a read-only
+    /// [`SpillFile`].
     ///
     /// # Errors
     ///
     /// [`SpillError::WriterFailed`] if an earlier write failed;
     /// [`SpillError::QuotaExceeded`] or [`SpillError::Io`] if the last bytes
-    /// cannot be written. In every error case the file is deleted.
-    pub fn finish(mut self) -> Result<SpillFile, SpillError> {
-        if self.failed {
-            return Err(SpillError::WriterFailed { path: self.path });
-        }
-        let bytes_before = self.bytes_written();
-        let result = self.ipc.finish();
-        self.add_bytes_metric(self.bytes_written() - bytes_before);
-        result.map_err(|e| map_write_error(&self.path, e))?;
-        let sink = self
-            .ipc
-            .into_inner()
-            .map_err(|e| map_write_error(&self.path, e))?;
+    /// cannot be written; [`SpillError::Arrow`] if the schema cannot be
+    /// encoded. In every error case the file is deleted.
+    pub fn finish(self) -> Result<SpillFile, SpillError> {
+        self.check_usable()?;
+        let Self {
+            encoder,
+            mut sink,
+            schema,
+            path,
+            rows,
+            batches,
+            ..
+        } = self;
+        let buffers = encoder
+            .finish()
+            .map_err(|source| SpillError::Arrow { path, source })?;
+        sink.write_message(&buffers)?;
         let guard = sink.into_guard()?;
-        Ok(SpillFile::new(guard, self.schema, self.rows, self.batches))
+        Ok(SpillFile::new(guard, schema, rows, batches))
     }
 
-    fn add_bytes_metric(&self, bytes: u64) {
-        let manager = self.ipc.get_ref().guard.manager();
-        manager.bytes_written.fetch_add(bytes, Ordering::Relaxed);
-    }
-}
-
-/// Turns an error of the IPC writer into ours, recovering a quota refusal
-/// and the operating system's error from inside `ArrowError::IoError`.
-fn map_write_error(path: &Path, error: ArrowError) -> SpillError {
-    match error {
-        ArrowError::IoError(_, source) => {
-            if let Some(denied) = source
-                .get_ref()
-                .and_then(|inner| inner.downcast_ref::<QuotaDenied>())
-            {
-                return SpillError::QuotaExceeded {
-                    path: path.to_owned(),
-                    quota_bytes: denied.quota_bytes,
-                    used_bytes: denied.used_bytes,
-                    requested_bytes: denied.requested_bytes,
-                };
-            }
-            SpillError::Io {
-                path: path.to_owned(),
-                source,
-            }
+    fn check_usable(&self) -> Result<(), SpillError> {
+        if self.failed {
+            return Err(SpillError::WriterFailed {
+                path: self.path.clone(),
+            });
         }
-        source => SpillError::Arrow {
-            path: path.to_owned(),
-            source,
-        },
+        Ok(())
+    }
+
+    fn manager(&self) -> &ManagerInner {
+        self.sink.guard.manager()
     }
 }
 
@@ -286,13 +298,19 @@ mod tests {
     fn counters_and_metrics_add_up() {
         let m = SpillManager::new(SpillConfig::default()).unwrap();
         let schema = Arc::new(Schema::new(vec![Field::new("a", DataType::Int32, true)]));
-        let batch =
-            RecordBatch::try_new(schema.clone(), vec![Arc::new(Int32Array::from(vec![1, 2, 3]))])
-                .unwrap();
+        let batch = RecordBatch::try_new(
+            schema.clone(),
+            vec![Arc::new(Int32Array::from(vec![1, 2, 3]))],
+        )
+        .unwrap();
         let mut w = m.create_writer(schema, "t").unwrap();
-        let schema_bytes = w.bytes_written();
-        assert!(schema_bytes > 0);
+        assert_eq!(
+            w.bytes_written(),
+            0,
+            "the schema goes out with the first batch"
+        );
         w.write(&batch).unwrap();
+        assert!(w.bytes_written() > 0);
         w.write(&batch.slice(0, 0)).unwrap();
         assert_eq!((w.rows_written(), w.batches_written()), (3, 2));
         let f = w.finish().unwrap();

@@ -68,7 +68,10 @@ fn quota_exceeded_carries_the_numbers_and_drops_free_the_quota() {
     }
     assert!(err.to_string().contains("quota"), "{err}");
     assert!(m.disk_used_bytes() <= quota);
-    assert!(matches!(w.write(&batch(1)), Err(SpillError::WriterFailed { .. })));
+    assert!(matches!(
+        w.write(&batch(1)),
+        Err(SpillError::WriterFailed { .. })
+    ));
     let b_path = w.path().to_owned();
     assert!(matches!(w.finish(), Err(SpillError::WriterFailed { .. })));
     assert!(!b_path.exists(), "the failed file is deleted");
@@ -87,12 +90,29 @@ fn quota_exceeded_carries_the_numbers_and_drops_free_the_quota() {
 }
 
 #[test]
-fn a_quota_smaller_than_the_schema_fails_at_create() {
+fn a_quota_too_small_for_the_first_message_writes_nothing() {
     let m = SpillManager::new(SpillConfig::default().with_disk_quota_bytes(16)).unwrap();
-    match m.create_writer(schema(), "tiny") {
-        Err(SpillError::QuotaExceeded { quota_bytes: 16, .. }) => {}
+    // Creating the file costs nothing; the schema goes with the first batch.
+    let mut w = m.create_writer(schema(), "tiny").unwrap();
+    assert_eq!(m.live_files(), 1);
+    match w.write(&batch(1)) {
+        Err(SpillError::QuotaExceeded {
+            quota_bytes: 16,
+            used_bytes: 0,
+            requested_bytes,
+            ..
+        }) => assert!(requested_bytes > 16),
         other => panic!("expected QuotaExceeded, got {other:?}"),
     }
+    assert_eq!(
+        std::fs::metadata(w.path()).unwrap().len(),
+        0,
+        "nothing written"
+    );
+    drop(w);
+    // A file with no batch needs the schema message at `finish`.
+    let w = m.create_writer(schema(), "empty").unwrap();
+    assert!(matches!(w.finish(), Err(SpillError::QuotaExceeded { .. })));
     assert_eq!(m.live_files(), 0);
     assert_eq!(m.disk_used_bytes(), 0);
     assert_eq!(dir_entries(&m), 0);
@@ -102,12 +122,14 @@ fn a_quota_smaller_than_the_schema_fails_at_create() {
 fn the_quota_is_shared_by_all_files_and_threads() {
     let quota = 256 * 1024;
     let m = SpillManager::new(SpillConfig::default().with_disk_quota_bytes(quota)).unwrap();
+    let writers: Vec<_> = (0..4)
+        .map(|t| m.create_writer(schema(), &format!("t{t}")).unwrap())
+        .collect();
     let files: Vec<_> = std::thread::scope(|s| {
-        let handles: Vec<_> = (0..4)
-            .map(|t| {
-                let m = m.clone();
+        let handles: Vec<_> = writers
+            .into_iter()
+            .map(|mut w| {
                 s.spawn(move || {
-                    let mut w = m.create_writer(schema(), &format!("t{t}")).unwrap();
                     while w.write(&batch(100)).is_ok() {}
                     w
                 })
@@ -133,7 +155,11 @@ fn metrics_are_cumulative() {
     assert_eq!(metrics.batches_written, 3);
     assert_eq!(metrics.bytes_written, f1.bytes() + f2.bytes());
     drop((f1, f2));
-    assert_eq!(m.metrics(), metrics, "deleting files does not rewrite history");
+    assert_eq!(
+        m.metrics(),
+        metrics,
+        "deleting files does not rewrite history"
+    );
     assert_eq!(m.disk_used_bytes(), 0);
 }
 
@@ -158,9 +184,15 @@ fn files_are_deleted_when_their_last_owner_drops() {
     let reader = clone.reader().unwrap();
     drop(clone);
     assert!(path.exists(), "the reader still owns it");
-    assert_eq!(reader.collect::<Result<Vec<_>, _>>().unwrap(), vec![batch(10)]);
+    assert_eq!(
+        reader.collect::<Result<Vec<_>, _>>().unwrap(),
+        vec![batch(10)]
+    );
     assert!(!path.exists());
-    assert_eq!((m.live_files(), m.disk_used_bytes(), dir_entries(&m)), (0, 0, 0));
+    assert_eq!(
+        (m.live_files(), m.disk_used_bytes(), dir_entries(&m)),
+        (0, 0, 0)
+    );
 }
 
 #[test]
@@ -186,7 +218,11 @@ fn everything_is_removed_when_a_panic_unwinds() {
         let file = spill(&m, schema(), &[batch(10)]);
         let mut w = m.create_writer(schema(), "in-flight").unwrap();
         w.write(&batch(10)).unwrap();
-        seen = Some((m.dir().to_owned(), file.path().to_owned(), w.path().to_owned()));
+        seen = Some((
+            m.dir().to_owned(),
+            file.path().to_owned(),
+            w.path().to_owned(),
+        ));
         panic!("join failed midway");
     }));
     assert!(result.is_err());
@@ -203,7 +239,10 @@ fn everything_is_removed_when_a_panic_unwinds() {
         panic!("boom");
     }));
     assert!(result.is_err());
-    assert_eq!((m.live_files(), m.disk_used_bytes(), dir_entries(&m)), (0, 0, 0));
+    assert_eq!(
+        (m.live_files(), m.disk_used_bytes(), dir_entries(&m)),
+        (0, 0, 0)
+    );
 }
 
 #[test]
@@ -280,7 +319,10 @@ fn writing_a_batch_of_another_schema_is_refused() {
         Field::new("v", DataType::Utf8, true),
     ]));
     let b = RecordBatch::try_new(nullable, batch(2).columns().to_vec()).unwrap();
-    assert!(matches!(w.write(&b), Err(SpillError::SchemaMismatch { .. })));
+    assert!(matches!(
+        w.write(&b),
+        Err(SpillError::SchemaMismatch { .. })
+    ));
     // Nothing was written; the writer is still good.
     w.write(&batch(4)).unwrap();
     let file = w.finish().unwrap();
@@ -294,7 +336,9 @@ fn reading_with_another_expected_schema_is_refused() {
     let other = all_types_batch(0, 0).schema();
     for mode in READ_MODES {
         match read_spill_file(file.path(), Some(other.clone()), mode) {
-            Err(SpillError::SchemaMismatch { expected, found, .. }) => {
+            Err(SpillError::SchemaMismatch {
+                expected, found, ..
+            }) => {
                 assert_eq!(expected, other);
                 assert_eq!(found, schema());
             }

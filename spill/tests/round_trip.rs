@@ -5,8 +5,8 @@ mod common;
 
 use std::sync::Arc;
 
-use arrow_array::{Array, ArrayRef, Int64Array, ListArray, RecordBatch, StringArray};
 use arrow_array::types::Int32Type;
+use arrow_array::{Array, ArrayRef, Int64Array, ListArray, RecordBatch, StringArray};
 use arrow_schema::{DataType, Field, Schema};
 use proptest::prelude::*;
 
@@ -118,7 +118,10 @@ fn a_file_can_be_read_many_times() {
     let file = spill(&m, batch.schema(), std::slice::from_ref(&batch));
     let readers: Vec<_> = (0..3).map(|_| file.reader().unwrap()).collect();
     for r in readers {
-        assert_eq!(r.collect::<Result<Vec<_>, _>>().unwrap(), vec![batch.clone()]);
+        assert_eq!(
+            r.collect::<Result<Vec<_>, _>>().unwrap(),
+            vec![batch.clone()]
+        );
     }
 }
 
@@ -130,7 +133,10 @@ fn dictionaries_that_change_between_batches() {
     for mode in READ_MODES {
         let m = manager(SpillCompression::None, mode);
         let file = spill(&m, a.schema(), &[a.clone(), b.clone(), a.clone()]);
-        assert_eq!(read_all(&file).unwrap(), vec![a.clone(), b.clone(), a.clone()]);
+        assert_eq!(
+            read_all(&file).unwrap(),
+            vec![a.clone(), b.clone(), a.clone()]
+        );
     }
 }
 
@@ -184,3 +190,28 @@ proptest! {
     }
 }
 
+#[test]
+fn a_read_batch_holds_its_own_message_not_the_whole_file() {
+    // arrow counts a buffer's capacity as memory; an mmap-backed batch must
+    // not claim the whole mapping.
+    let batches: Vec<_> = (0..20).map(|i| all_types_batch(200, i)).collect();
+    for mode in READ_MODES {
+        let m = manager(SpillCompression::None, mode);
+        let file = spill(&m, batches[0].schema(), &batches);
+        for batch in file.reader().unwrap() {
+            let batch = batch.unwrap();
+            let largest_buffer = batch
+                .columns()
+                .iter()
+                .flat_map(|c| c.to_data().buffers().to_vec())
+                .map(|b| b.capacity())
+                .max()
+                .unwrap();
+            assert!(
+                (largest_buffer as u64) < file.bytes() / 10,
+                "{mode}: a buffer of {largest_buffer} bytes in a file of {}",
+                file.bytes()
+            );
+        }
+    }
+}

@@ -87,149 +87,291 @@ fn strings(valid: &[bool], rng: &mut StdRng, max_len: usize) -> Vec<Option<Strin
         .collect()
 }
 
-/// A batch of `n` rows with one column per type, nulls in every nullable
-/// column (and inside nested ones).
+/// `n` random values of `T`, about a third of them null.
+fn p<T: ArrowPrimitiveType>(
+    n: usize,
+    rng: &mut StdRng,
+    value: impl FnMut(&mut StdRng) -> T::Native,
+) -> PrimitiveArray<T> {
+    let valid = nulls(rng, n);
+    prim(&valid, rng, value)
+}
+
+fn f16s(n: usize, rng: &mut StdRng) -> ArrayRef {
+    let f32s = p::<Float32Type>(n, rng, |r| r.random_range(-1e4..1e4));
+    arrow_cast::cast(&f32s, &DataType::Float16).unwrap()
+}
+
+fn utf8_views(n: usize, rng: &mut StdRng) -> StringViewArray {
+    let mut b = StringViewBuilder::new();
+    let valid = nulls(rng, n);
+    for s in strings(&valid, rng, 40) {
+        b.append_option(s); // both inline (<= 12 bytes) and out-of-line views
+    }
+    b.finish()
+}
+
+fn binary_views(n: usize, rng: &mut StdRng) -> BinaryViewArray {
+    let mut b = BinaryViewBuilder::new();
+    let valid = nulls(rng, n);
+    for s in strings(&valid, rng, 40) {
+        b.append_option(s.map(String::into_bytes));
+    }
+    b.finish()
+}
+
+fn fixed_binaries(n: usize, rng: &mut StdRng) -> FixedSizeBinaryArray {
+    let mut b = FixedSizeBinaryBuilder::new(5);
+    for valid in nulls(rng, n) {
+        let bytes: [u8; 5] = rng.random();
+        if valid {
+            b.append_value(bytes).unwrap();
+        } else {
+            b.append_null();
+        }
+    }
+    b.finish()
+}
+
+fn dictionary(n: usize, rng: &mut StdRng) -> DictionaryArray<Int32Type> {
+    let mut b = StringDictionaryBuilder::<Int32Type>::new();
+    for valid in nulls(rng, n) {
+        let s = format!("category-{}", rng.random_range(0..7));
+        if valid {
+            b.append_value(s);
+        } else {
+            b.append_null();
+        }
+    }
+    b.finish()
+}
+
+fn list(n: usize, rng: &mut StdRng) -> ListArray {
+    let mut b = ListBuilder::new(Int32Builder::new());
+    for valid in nulls(rng, n) {
+        for _ in 0..rng.random_range(0..4) {
+            let v = rng.random_bool(0.8).then(|| rng.random());
+            b.values().append_option(v);
+        }
+        b.append(valid);
+    }
+    b.finish()
+}
+
+fn large_list(n: usize, rng: &mut StdRng) -> LargeListArray {
+    let mut b = LargeListBuilder::new(StringBuilder::new());
+    for valid in nulls(rng, n) {
+        let len = rng.random_range(0..3);
+        for s in strings(&[true, true, false][..len], rng, 8) {
+            b.values().append_option(s);
+        }
+        b.append(valid);
+    }
+    b.finish()
+}
+
+fn map(n: usize, rng: &mut StdRng) -> MapArray {
+    let mut b = MapBuilder::new(None, StringBuilder::new(), Int64Builder::new());
+    for valid in nulls(rng, n) {
+        for i in 0..rng.random_range(0..3) {
+            b.keys().append_value(format!("k{i}"));
+            let v = rng.random_bool(0.7).then(|| rng.random());
+            b.values().append_option(v);
+        }
+        b.append(valid).unwrap();
+    }
+    b.finish()
+}
+
+fn text<A: From<Vec<Option<String>>>>(n: usize, rng: &mut StdRng, max_len: usize) -> A {
+    let valid = nulls(rng, n);
+    A::from(strings(&valid, rng, max_len))
+}
+
+fn bytes<A: FromIterator<Option<Vec<u8>>>>(n: usize, rng: &mut StdRng) -> A {
+    let valid = nulls(rng, n);
+    strings(&valid, rng, 20)
+        .into_iter()
+        .map(|s| s.map(String::into_bytes))
+        .collect()
+}
+
+/// A batch of `n` rows with one column per type a join payload may carry,
+/// nulls in every column (and inside nested ones).
 pub fn all_types_batch(n: usize, seed: u64) -> RecordBatch {
     let rng = &mut StdRng::seed_from_u64(seed);
-    let mut columns: Vec<(&str, ArrayRef)> = Vec::new();
-    macro_rules! col {
-        ($name:expr, $array:expr) => {{
-            let v = nulls(rng, n);
-            #[allow(clippy::redundant_closure_call)]
-            let a: ArrayRef = Arc::new(($array)(&v, &mut *rng));
-            columns.push(($name, a));
-        }};
-    }
-    col!("i8", |v: &[bool], r: &mut StdRng| prim::<Int8Type>(v, r, |r| r.random()));
-    col!("i16", |v: &[bool], r: &mut StdRng| prim::<Int16Type>(v, r, |r| r.random()));
-    col!("i32", |v: &[bool], r: &mut StdRng| prim::<Int32Type>(v, r, |r| r.random()));
-    col!("i64", |v: &[bool], r: &mut StdRng| prim::<Int64Type>(v, r, |r| r.random()));
-    col!("u8", |v: &[bool], r: &mut StdRng| prim::<UInt8Type>(v, r, |r| r.random()));
-    col!("u16", |v: &[bool], r: &mut StdRng| prim::<UInt16Type>(v, r, |r| r.random()));
-    col!("u32", |v: &[bool], r: &mut StdRng| prim::<UInt32Type>(v, r, |r| r.random()));
-    col!("u64", |v: &[bool], r: &mut StdRng| prim::<UInt64Type>(v, r, |r| r.random()));
-    col!("f16", |v: &[bool], r: &mut StdRng| {
-        let f32s = prim::<Float32Type>(v, r, |r| r.random_range(-1e4..1e4));
-        let f16 = arrow_cast::cast(&f32s, &DataType::Float16).unwrap();
-        f16.as_any().downcast_ref::<Float16Array>().unwrap().clone()
-    });
-    col!("f32", |v: &[bool], r: &mut StdRng| prim::<Float32Type>(v, r, |r| r.random()));
-    col!("f64", |v: &[bool], r: &mut StdRng| prim::<Float64Type>(v, r, |r| r.random::<f64>() * 1e300));
-    col!("dec128", |v: &[bool], r: &mut StdRng| prim::<Decimal128Type>(v, r, |r| r.random_range(-(10i128.pow(37))..10i128.pow(37)))
-        .with_precision_and_scale(38, 10)
-        .unwrap());
-    col!("dec256", |v: &[bool], r: &mut StdRng| prim::<Decimal256Type>(v, r, |r| i256::from_parts(r.random(), r.random_range(-1000..1000)))
-        .with_precision_and_scale(76, 20)
-        .unwrap());
-    col!("date32", |v: &[bool], r: &mut StdRng| prim::<Date32Type>(v, r, |r| r.random_range(-100_000..100_000)));
-    col!("date64", |v: &[bool], r: &mut StdRng| prim::<Date64Type>(v, r, |r| r.random_range(-100_000..100_000) * 86_400_000));
-    col!("time32s", |v: &[bool], r: &mut StdRng| prim::<Time32SecondType>(v, r, |r| r.random_range(0..86_400)));
-    col!("time32ms", |v: &[bool], r: &mut StdRng| prim::<Time32MillisecondType>(v, r, |r| r.random_range(0..86_400_000)));
-    col!("time64us", |v: &[bool], r: &mut StdRng| prim::<Time64MicrosecondType>(v, r, |r| r.random_range(0..86_400_000_000)));
-    col!("time64ns", |v: &[bool], r: &mut StdRng| prim::<Time64NanosecondType>(v, r, |r| r.random_range(0..86_400_000_000_000)));
-    col!("ts_s", |v: &[bool], r: &mut StdRng| prim::<TimestampSecondType>(v, r, |r| r.random_range(0..4_000_000_000)));
-    col!("ts_s_tz", |v: &[bool], r: &mut StdRng| prim::<TimestampSecondType>(v, r, |r| r.random_range(0..4_000_000_000))
-        .with_timezone("-05:30"));
-    col!("ts_ms", |v: &[bool], r: &mut StdRng| prim::<TimestampMillisecondType>(v, r, |r| r.random()));
-    col!("ts_us", |v: &[bool], r: &mut StdRng| prim::<TimestampMicrosecondType>(v, r, |r| r.random()));
-    col!("ts_ms_tz", |v: &[bool], r: &mut StdRng| prim::<TimestampMillisecondType>(v, r, |r| r.random())
-        .with_timezone("+02:00"));
-    col!("ts_us_utc", |v: &[bool], r: &mut StdRng| prim::<TimestampMicrosecondType>(v, r, |r| r.random())
-        .with_timezone("UTC"));
-    col!("ts_ns", |v: &[bool], r: &mut StdRng| prim::<TimestampNanosecondType>(v, r, |r| r.random()));
-    col!("ts_ns_tz", |v: &[bool], r: &mut StdRng| prim::<TimestampNanosecondType>(v, r, |r| r.random())
-        .with_timezone("America/New_York"));
-    col!("dur_s", |v: &[bool], r: &mut StdRng| prim::<DurationSecondType>(v, r, |r| r.random()));
-    col!("dur_ms", |v: &[bool], r: &mut StdRng| prim::<DurationMillisecondType>(v, r, |r| r.random()));
-    col!("dur_us", |v: &[bool], r: &mut StdRng| prim::<DurationMicrosecondType>(v, r, |r| r.random()));
-    col!("dur_ns", |v: &[bool], r: &mut StdRng| prim::<DurationNanosecondType>(v, r, |r| r.random()));
-    col!("iv_ym", |v: &[bool], r: &mut StdRng| prim::<IntervalYearMonthType>(v, r, |r| r.random()));
-    col!("iv_dt", |v: &[bool], r: &mut StdRng| prim::<IntervalDayTimeType>(v, r, |r| IntervalDayTime::new(r.random(), r.random())));
-    col!("iv_mdn", |v: &[bool], r: &mut StdRng| prim::<IntervalMonthDayNanoType>(v, r, |r| IntervalMonthDayNano::new(r.random(), r.random(), r.random())));
-    col!("bool", |v: &[bool], r: &mut StdRng| v.iter().map(|&v| v.then(|| r.random_bool(0.5))).collect::<BooleanArray>());
-    col!("utf8", |v: &[bool], r: &mut StdRng| StringArray::from(strings(v, r, 30)));
-    col!("large_utf8", |v: &[bool], r: &mut StdRng| LargeStringArray::from(strings(v, r, 30)));
-    col!("utf8_view", |v: &[bool], r: &mut StdRng| {
-        let mut b = StringViewBuilder::new();
-        for s in strings(v, r, 40) {
-            b.append_option(s); // both inline (<= 12 bytes) and out-of-line views
-        }
-        b.finish()
-    });
-    col!("binary", |v: &[bool], r: &mut StdRng| BinaryArray::from_iter(strings(v, r, 20).into_iter().map(|s| s.map(String::into_bytes))));
-    col!("large_binary", |v: &[bool], r: &mut StdRng| LargeBinaryArray::from_iter(strings(v, r, 20).into_iter().map(|s| s.map(String::into_bytes))));
-    col!("binary_view", |v: &[bool], r: &mut StdRng| {
-        let mut b = BinaryViewBuilder::new();
-        for s in strings(v, r, 40) {
-            b.append_option(s.map(String::into_bytes));
-        }
-        b.finish()
-    });
-    col!("fixed_binary", |v: &[bool], r: &mut StdRng| {
-        let mut b = FixedSizeBinaryBuilder::new(5);
-        for &valid in v {
-            let bytes: [u8; 5] = r.random();
-            if valid {
-                b.append_value(bytes).unwrap();
-            } else {
-                b.append_null();
-            }
-        }
-        b.finish()
-    });
-    col!("dict", |v: &[bool], r: &mut StdRng| {
-        let mut b = StringDictionaryBuilder::<Int32Type>::new();
-        for &valid in v {
-            let s = format!("category-{}", r.random_range(0..7));
-            if valid {
-                b.append_value(s);
-            } else {
-                b.append_null();
-            }
-        }
-        b.finish()
-    });
-    col!("list", |v: &[bool], r: &mut StdRng| {
-        let mut b = ListBuilder::new(Int32Builder::new());
-        for &valid in v {
-            for _ in 0..r.random_range(0..4) {
-                b.values().append_option(r.random_bool(0.8).then(|| r.random()));
-            }
-            b.append(valid);
-        }
-        b.finish()
-    });
-    col!("large_list", |v: &[bool], r: &mut StdRng| {
-        let mut b = LargeListBuilder::new(StringBuilder::new());
-        for &valid in v {
-            for s in strings(&[true, true, false][..r.random_range(0..3)], r, 8) {
-                b.values().append_option(s);
-            }
-            b.append(valid);
-        }
-        b.finish()
-    });
-    col!("struct", |v: &[bool], r: &mut StdRng| nested_struct(v, r));
-    col!("map", |v: &[bool], r: &mut StdRng| {
-        let mut b = MapBuilder::new(None, StringBuilder::new(), Int64Builder::new());
-        for &valid in v {
-            for i in 0..r.random_range(0..3) {
-                b.keys().append_value(format!("k{i}"));
-                b.values().append_option(r.random_bool(0.7).then(|| r.random()));
-            }
-            b.append(valid).unwrap();
-        }
-        b.finish()
-    });
-    col!("null", |v: &[bool], _r: &mut StdRng| NullArray::new(v.len()));
-
+    let day_ms = 86_400_000;
+    let columns: Vec<(&str, ArrayRef)> = vec![
+        ("i8", Arc::new(p::<Int8Type>(n, rng, |r| r.random()))),
+        ("i16", Arc::new(p::<Int16Type>(n, rng, |r| r.random()))),
+        ("i32", Arc::new(p::<Int32Type>(n, rng, |r| r.random()))),
+        ("i64", Arc::new(p::<Int64Type>(n, rng, |r| r.random()))),
+        ("u8", Arc::new(p::<UInt8Type>(n, rng, |r| r.random()))),
+        ("u16", Arc::new(p::<UInt16Type>(n, rng, |r| r.random()))),
+        ("u32", Arc::new(p::<UInt32Type>(n, rng, |r| r.random()))),
+        ("u64", Arc::new(p::<UInt64Type>(n, rng, |r| r.random()))),
+        ("f16", f16s(n, rng)),
+        ("f32", Arc::new(p::<Float32Type>(n, rng, |r| r.random()))),
+        (
+            "f64",
+            Arc::new(p::<Float64Type>(n, rng, |r| r.random::<f64>() * 1e300)),
+        ),
+        (
+            "dec128",
+            Arc::new(
+                p::<Decimal128Type>(n, rng, |r| {
+                    r.random_range(-(10i128.pow(37))..10i128.pow(37))
+                })
+                .with_precision_and_scale(38, 10)
+                .unwrap(),
+            ),
+        ),
+        (
+            "dec256",
+            Arc::new(
+                p::<Decimal256Type>(n, rng, |r| {
+                    i256::from_parts(r.random(), r.random_range(-1000..1000))
+                })
+                .with_precision_and_scale(76, 20)
+                .unwrap(),
+            ),
+        ),
+        (
+            "date32",
+            Arc::new(p::<Date32Type>(n, rng, |r| {
+                r.random_range(-100_000..100_000)
+            })),
+        ),
+        (
+            "date64",
+            Arc::new(p::<Date64Type>(n, rng, |r| {
+                r.random_range(-100_000..100_000) * day_ms
+            })),
+        ),
+        (
+            "time32s",
+            Arc::new(p::<Time32SecondType>(n, rng, |r| r.random_range(0..86_400))),
+        ),
+        (
+            "time32ms",
+            Arc::new(p::<Time32MillisecondType>(n, rng, |r| {
+                r.random_range(0..86_400_000)
+            })),
+        ),
+        (
+            "time64us",
+            Arc::new(p::<Time64MicrosecondType>(n, rng, |r| {
+                r.random_range(0..day_ms * 1000)
+            })),
+        ),
+        (
+            "time64ns",
+            Arc::new(p::<Time64NanosecondType>(n, rng, |r| {
+                r.random_range(0..day_ms * 1_000_000)
+            })),
+        ),
+        (
+            "ts_s",
+            Arc::new(p::<TimestampSecondType>(n, rng, |r| {
+                r.random_range(0..4_000_000_000)
+            })),
+        ),
+        (
+            "ts_s_tz",
+            Arc::new(
+                p::<TimestampSecondType>(n, rng, |r| r.random_range(0..4_000_000_000))
+                    .with_timezone("-05:30"),
+            ),
+        ),
+        (
+            "ts_ms",
+            Arc::new(p::<TimestampMillisecondType>(n, rng, |r| r.random())),
+        ),
+        (
+            "ts_ms_tz",
+            Arc::new(p::<TimestampMillisecondType>(n, rng, |r| r.random()).with_timezone("+02:00")),
+        ),
+        (
+            "ts_us",
+            Arc::new(p::<TimestampMicrosecondType>(n, rng, |r| r.random())),
+        ),
+        (
+            "ts_us_utc",
+            Arc::new(p::<TimestampMicrosecondType>(n, rng, |r| r.random()).with_timezone("UTC")),
+        ),
+        (
+            "ts_ns",
+            Arc::new(p::<TimestampNanosecondType>(n, rng, |r| r.random())),
+        ),
+        (
+            "ts_ns_tz",
+            Arc::new(
+                p::<TimestampNanosecondType>(n, rng, |r| r.random())
+                    .with_timezone("America/New_York"),
+            ),
+        ),
+        (
+            "dur_s",
+            Arc::new(p::<DurationSecondType>(n, rng, |r| r.random())),
+        ),
+        (
+            "dur_ms",
+            Arc::new(p::<DurationMillisecondType>(n, rng, |r| r.random())),
+        ),
+        (
+            "dur_us",
+            Arc::new(p::<DurationMicrosecondType>(n, rng, |r| r.random())),
+        ),
+        (
+            "dur_ns",
+            Arc::new(p::<DurationNanosecondType>(n, rng, |r| r.random())),
+        ),
+        (
+            "iv_ym",
+            Arc::new(p::<IntervalYearMonthType>(n, rng, |r| r.random())),
+        ),
+        (
+            "iv_dt",
+            Arc::new(p::<IntervalDayTimeType>(n, rng, |r| {
+                IntervalDayTime::new(r.random(), r.random())
+            })),
+        ),
+        (
+            "iv_mdn",
+            Arc::new(p::<IntervalMonthDayNanoType>(n, rng, |r| {
+                IntervalMonthDayNano::new(r.random(), r.random(), r.random())
+            })),
+        ),
+        (
+            "bool",
+            Arc::new(
+                nulls(rng, n)
+                    .into_iter()
+                    .map(|v| v.then(|| rng.random_bool(0.5)))
+                    .collect::<BooleanArray>(),
+            ),
+        ),
+        ("utf8", Arc::new(text::<StringArray>(n, rng, 30))),
+        ("large_utf8", Arc::new(text::<LargeStringArray>(n, rng, 30))),
+        ("utf8_view", Arc::new(utf8_views(n, rng))),
+        ("binary", Arc::new(bytes::<BinaryArray>(n, rng))),
+        ("large_binary", Arc::new(bytes::<LargeBinaryArray>(n, rng))),
+        ("binary_view", Arc::new(binary_views(n, rng))),
+        ("fixed_binary", Arc::new(fixed_binaries(n, rng))),
+        ("dict", Arc::new(dictionary(n, rng))),
+        ("list", Arc::new(list(n, rng))),
+        ("large_list", Arc::new(large_list(n, rng))),
+        ("struct", Arc::new(nested_struct(&nulls(rng, n), rng))),
+        ("map", Arc::new(map(n, rng))),
+        ("null", Arc::new(NullArray::new(n))),
+    ];
     let fields: Vec<Field> = columns
         .iter()
         .map(|(name, a)| Field::new(*name, a.data_type().clone(), true))
         .collect();
-    let schema = Arc::new(Schema::new(fields).with_metadata(
-        [("origin".to_owned(), "spill test".to_owned())].into(),
-    ));
+    let schema = Arc::new(
+        Schema::new(fields).with_metadata([("origin".to_owned(), "spill test".to_owned())].into()),
+    );
     RecordBatch::try_new(schema, columns.into_iter().map(|(_, a)| a).collect()).unwrap()
 }
 

@@ -30,7 +30,7 @@ use arrow_schema::{ArrowError, DataType, Field, Schema, SchemaRef};
 use arrow_select::concat::concat_batches;
 use arrow_select::take::take_record_batch;
 use spilljoin_memory::{MemoryConsumer, MemoryReservation};
-use spilljoin_spill::{SpillFile, SpillWriter};
+use spilljoin_spill::{SpillFile, SpillWriter, WRITE_BUFFER_BYTES};
 
 use crate::bloom::Bloom;
 use crate::error::{JoinError, Result};
@@ -298,7 +298,9 @@ impl<'a> BuildCollector<'a> {
                 Ok(()) => return Ok(()),
                 Err(e) => {
                     if !self.spill_something(None)? {
-                        return Err(e.into());
+                        // Another worker may have freed memory (by spilling) while
+                        // this one waited for the lock: one more try before giving up.
+                        return reservation.try_grow(bytes).map_err(|_| e.into());
                     }
                 }
             }
@@ -376,7 +378,10 @@ impl<'a> BuildCollector<'a> {
             }
             part.bloom = Some(bloom);
         }
-        self.flush(part, reservation, p)
+        self.flush(part, reservation, p)?;
+        // The open writer's buffer, paid from what the flush just freed.
+        reservation.grow(WRITE_BUFFER_BYTES);
+        Ok(())
     }
 
     /// Writes a spilled partition's buffered rows to its file, in batches of about
@@ -390,14 +395,20 @@ impl<'a> BuildCollector<'a> {
         let batch_size = self.plan().batch_size;
         let fragments = std::mem::take(&mut part.fragments);
         let mut group: Vec<RecordBatch> = Vec::new();
-        let mut group_rows = 0;
+        let (mut group_rows, mut group_bytes) = (0, 0);
         let last = fragments.len();
         for (i, (batch, hashes)) in fragments.into_iter().enumerate() {
             group_rows += batch.num_rows();
+            group_bytes += batch_bytes(&batch) + hashes.capacity() * 8;
             group.push(attach_hashes(&batch, hashes, &self.spill_schema)?);
             if group_rows >= batch_size || i + 1 == last {
                 self.write_group(part, reservation, std::mem::take(&mut group))?;
-                group_rows = 0;
+                // Give the memory back as it is written, not after the whole
+                // partition: other workers are waiting for it.
+                let freed = group_bytes.min(part.bytes);
+                reservation.shrink(freed);
+                part.bytes -= freed;
+                (group_rows, group_bytes) = (0, 0);
             }
         }
         reservation.shrink(part.bytes);
@@ -450,7 +461,8 @@ impl<'a> BuildCollector<'a> {
         reservation: &mut MemoryReservation,
     ) -> Result<()> {
         let ctx = self.ctx;
-        if part.writer.is_none() {
+        let opened = part.writer.is_none();
+        if opened {
             let label = format!("build-d{}-unmatchable", self.level.depth);
             part.writer = Some(
                 ctx.spill
@@ -473,6 +485,9 @@ impl<'a> BuildCollector<'a> {
         reservation.shrink(part.bytes);
         part.bytes = 0;
         part.rows = 0;
+        if opened {
+            reservation.grow(WRITE_BUFFER_BYTES);
+        }
         Ok(())
     }
 
@@ -712,6 +727,7 @@ impl<'a> BuildCollector<'a> {
                         .ok_or_else(|| {
                             JoinError::InvalidJoin("internal: lost a spill writer".into())
                         })?;
+                    lock(&reservation).shrink(WRITE_BUFFER_BYTES);
                     Partition::Spilled(SpilledPartition {
                         file,
                         bloom: buffer.bloom.take(),
@@ -760,9 +776,11 @@ impl<'a> BuildCollector<'a> {
             });
         }
         self.spill_unmatchable(&mut buffer, reservation)?;
+        let file = buffer.writer.take().map(|w| w.finish()).transpose()?;
+        reservation.shrink(WRITE_BUFFER_BYTES);
         Ok(Unmatchable {
             batches: Vec::new(),
-            file: buffer.writer.take().map(|w| w.finish()).transpose()?,
+            file,
         })
     }
 }

@@ -84,6 +84,7 @@ pub struct HashJoinBuilder {
     projection: Option<Vec<usize>>,
     partition_bits: Option<u32>,
     build_size_hint_bytes: Option<u64>,
+    swap_spilled_pairs: bool,
     force_spill_fraction: Option<f64>,
 }
 
@@ -110,6 +111,7 @@ impl HashJoinBuilder {
             projection: None,
             partition_bits: None,
             build_size_hint_bytes: None,
+            swap_spilled_pairs: true,
             force_spill_fraction: None,
         }
     }
@@ -179,6 +181,14 @@ impl HashJoinBuilder {
         self
     }
 
+    /// Whether a spilled (build, probe) pair whose probe side turns out smaller is
+    /// joined with the probe side building (default: yes). Turning it off only costs
+    /// time; the output is the same.
+    pub fn with_swap_spilled_pairs(mut self, swap: bool) -> Self {
+        self.swap_spilled_pairs = swap;
+        self
+    }
+
     /// Spills this fraction (0 to 1) of the build partitions whatever the memory, so
     /// that the spilling code runs on small inputs (tests). Without it, the
     /// `SPILLJOIN_FORCE_SPILL` environment variable decides (`all` or a fraction).
@@ -235,7 +245,7 @@ impl HashJoinBuilder {
         let mut plan = self.plan_for(build, Arc::clone(&pool), bits)?;
         // Spilled pairs may swap roles when their probe file is the smaller; NOT IN
         // keeps its orientation, since its facts belong to one side.
-        if !self.join_type.is_null_aware() {
+        if self.swap_spilled_pairs && !self.join_type.is_null_aware() {
             plan.mirror = Some(Arc::new(self.plan_for(build.other(), pool, bits)?));
         }
         Ok(HashJoin {

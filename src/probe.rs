@@ -25,7 +25,7 @@ use arrow_schema::SchemaRef;
 use arrow_select::concat::concat_batches;
 use arrow_select::take::take_record_batch;
 use spilljoin_memory::MemoryReservation;
-use spilljoin_spill::{SpillFile, SpillWriter};
+use spilljoin_spill::{SpillFile, SpillWriter, WRITE_BUFFER_BYTES};
 
 use crate::bloom::Bloom;
 use crate::build::{
@@ -80,6 +80,8 @@ pub(crate) struct ProbeSpill {
     rows: usize,
     writer: Option<SpillWriter>,
     reservation: MemoryReservation,
+    /// Holds the open writer's buffer.
+    writer_reservation: MemoryReservation,
     label: String,
 }
 
@@ -138,6 +140,7 @@ impl ProbeState {
                         rows: 0,
                         writer: None,
                         reservation: reservation.new_empty(),
+                        writer_reservation: reservation.new_empty(),
                         label: format!("probe-d{}-p{p}", level.depth),
                     })
                 })
@@ -229,7 +232,8 @@ impl ProbeState {
         if spill.pending.is_empty() {
             return Ok(());
         }
-        if spill.writer.is_none() {
+        let opened = spill.writer.is_none();
+        if opened {
             spill.writer = Some(
                 ctx.spill
                     .create_writer(Arc::clone(&self.spill_schema), &spill.label)?,
@@ -253,6 +257,10 @@ impl ProbeState {
             .fetch_add(merged.num_rows() as u64, Ordering::Relaxed);
         spill.rows = 0;
         spill.reservation.free();
+        if opened {
+            // The open writer's buffer, paid from what the flush just freed.
+            spill.writer_reservation.grow(WRITE_BUFFER_BYTES);
+        }
         Ok(())
     }
 
@@ -266,7 +274,9 @@ impl ProbeState {
                 Some(spill) => {
                     let mut spill = lock(spill);
                     self.flush(ctx, &mut spill)?;
-                    spill.writer.take().map(|w| w.finish()).transpose()?
+                    let file = spill.writer.take().map(|w| w.finish()).transpose()?;
+                    spill.writer_reservation.free();
+                    file
                 }
             });
         }

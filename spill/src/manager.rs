@@ -25,9 +25,11 @@ use crate::writer::{CountingWriter, SpillWriter};
 /// 64 MiB in 15.2–15.4 ms (fastest of 10 samples), against 13.0–13.5 ms for
 /// a plain `write_all` of the same bytes. Before writes were vectored
 /// (arrow's `StreamWriter`, one `write` per buffer), the capacity decided
-/// everything: 8 KiB 21–25 ms, 1 MiB 16–18 ms. 256 KiB keeps small batches
-/// coalesced at a quarter of the memory of 1 MiB.
-pub const WRITE_BUFFER_BYTES: usize = 256 << 10;
+/// everything: 8 KiB 21–25 ms, 1 MiB 16–18 ms. A join keeps one writer open per
+/// spilled partition and side (up to hundreds at once), so the buffer is small: 8 KiB
+/// coalesces small batches, and batch-sized messages bypass it (8 KiB measured
+/// as fast as 256 KiB on `write/none`; see BENCHMARKS.md).
+pub const WRITE_BUFFER_BYTES: usize = 8 << 10;
 
 /// Longest part of a file name taken from a writer's label.
 const LABEL_MAX_CHARS: usize = 48;

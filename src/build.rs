@@ -200,7 +200,7 @@ pub(crate) fn run_workers(
     first.map_or(Ok(()), Err)
 }
 
-fn panic_message(panic: &Box<dyn std::any::Any + Send>) -> String {
+pub(crate) fn panic_message(panic: &Box<dyn std::any::Any + Send>) -> String {
     panic
         .downcast_ref::<&str>()
         .map(|s| s.to_string())
@@ -242,6 +242,33 @@ impl PartitionBuffer {
     pub fn bytes(&self) -> usize {
         self.bytes
     }
+}
+
+/// One build worker's buffers, reused from batch to batch.
+struct CollectScratch {
+    /// Holds the batch in flight and fragments not yet handed to a partition.
+    mine: MemoryReservation,
+    hashes: Vec<u64>,
+    grouped: PartitionedRows,
+}
+
+/// A batch in pieces of at most `rows` rows (zero-copy slices), with the matching
+/// slices of its stored hashes: a caller's huge batch is reserved a piece at a time.
+pub(crate) fn pieces<'a>(
+    batch: &'a RecordBatch,
+    hashes: Option<&'a ScalarBuffer<u64>>,
+    rows: usize,
+) -> impl Iterator<Item = (RecordBatch, Option<ScalarBuffer<u64>>)> + 'a {
+    let n = batch.num_rows();
+    let rows = rows.max(1);
+    // An empty batch still counts as one (empty) piece.
+    (0..n.max(1)).step_by(rows).map(move |offset| {
+        let len = rows.min(n - offset.min(n));
+        (
+            batch.slice(offset.min(n), len),
+            hashes.map(|h| h.slice(offset.min(n), len)),
+        )
+    })
 }
 
 /// Everything the build workers share.
@@ -537,12 +564,12 @@ impl<'a> BuildCollector<'a> {
     {
         let plan = self.plan();
         let ctx = self.ctx;
-        let fan_out = self.level.bits.fan_out();
-        let mut mine = self.base.new_empty();
+        let mut scratch = CollectScratch {
+            mine: self.base.new_empty(),
+            hashes: Vec::new(),
+            grouped: PartitionedRows::default(),
+        };
         let mut current = None;
-        let mut hashes = Vec::new();
-        let mut grouped = PartitionedRows::default();
-        let keep_unmatchable = plan.resolved.keeps_unmatchable_build_rows();
         loop {
             if ctx.cancel.load(Ordering::Relaxed) {
                 return Err(JoinError::Cancelled);
@@ -552,52 +579,76 @@ impl<'a> BuildCollector<'a> {
                 Some(item) => item.map_err(|e| ctx.input_error(plan.build_side, e))?,
             };
             let (batch, stored_hashes) = self.level.split_input(plan, &batch, true)?;
-            let n = batch.num_rows();
-            num_rows.fetch_add(n as u64, Ordering::Relaxed);
-            if n == 0 {
+            num_rows.fetch_add(batch.num_rows() as u64, Ordering::Relaxed);
+            for (piece, hashes) in pieces(&batch, stored_hashes.as_ref(), plan.batch_size) {
+                self.collect_batch(&piece, hashes.as_deref(), has_null_key, &mut scratch)?;
+            }
+        }
+    }
+
+    /// Hashes, partitions and buffers one batch of at most the batch size.
+    fn collect_batch(
+        &self,
+        batch: &RecordBatch,
+        stored_hashes: Option<&[u64]>,
+        has_null_key: &AtomicBool,
+        scratch: &mut CollectScratch,
+    ) -> Result<()> {
+        let plan = self.plan();
+        let CollectScratch {
+            mine,
+            hashes,
+            grouped,
+        } = scratch;
+        let n = batch.num_rows();
+        if n == 0 {
+            return Ok(());
+        }
+        let input_bytes = batch_bytes(batch);
+        self.largest_batch_bytes
+            .fetch_max(input_bytes, Ordering::Relaxed);
+        self.reserve(mine, input_bytes)?;
+        let (columns, nulls) = plan.keys.evaluate_columns(batch, true)?;
+        match stored_hashes {
+            Some(stored) => {
+                hashes.clear();
+                hashes.extend_from_slice(stored);
+            }
+            None => hash_keys(&columns, n, hashes)?,
+        }
+        drop(columns);
+        if nulls.is_some() {
+            has_null_key.store(true, Ordering::Relaxed);
+        }
+        let never_matches =
+            |row: usize| plan.nulls_never_match() && nulls.as_ref().is_some_and(|n| n.is_null(row));
+        if plan.resolved.keeps_unmatchable_build_rows()
+            && nulls.is_some()
+            && plan.nulls_never_match()
+        {
+            let rows: UInt32Array = (0..n as u32)
+                .filter(|&r| never_matches(r as usize))
+                .collect();
+            let kept = self.reserved_take(batch, &rows, input_bytes, mine)?;
+            let bytes = batch_bytes(&kept);
+            self.add(None, kept, Vec::new(), bytes, mine)?;
+        }
+        grouped.group(self.level.bits, hashes, |row| !never_matches(row));
+        for p in 0..self.level.bits.fan_out() {
+            let rows = grouped.partition(p);
+            if rows.is_empty() {
                 continue;
             }
-            let input_bytes = batch_bytes(&batch);
-            self.largest_batch_bytes
-                .fetch_max(input_bytes, Ordering::Relaxed);
-            self.reserve(&mut mine, input_bytes)?;
-            let keys = plan.keys.evaluate(&batch, true)?;
-            match &stored_hashes {
-                Some(stored) => {
-                    hashes.clear();
-                    hashes.extend_from_slice(stored);
-                }
-                None => hash_keys(&keys.columns, n, &mut hashes)?,
-            }
-            if keys.nulls.is_some() {
-                has_null_key.store(true, Ordering::Relaxed);
-            }
-            let never_matches = |row: usize| plan.nulls_never_match() && keys.is_null(row);
-            if keep_unmatchable && keys.nulls.is_some() && plan.nulls_never_match() {
-                let rows: UInt32Array = (0..n as u32)
-                    .filter(|&r| never_matches(r as usize))
-                    .collect();
-                let kept = self.reserved_take(&batch, &rows, input_bytes, &mut mine)?;
-                let bytes = batch_bytes(&kept);
-                self.add(None, kept, Vec::new(), bytes, &mut mine)?;
-            }
-            grouped.group(self.level.bits, &hashes, |row| !never_matches(row));
-            for p in 0..fan_out {
-                let rows = grouped.partition(p);
-                if rows.is_empty() {
-                    continue;
-                }
-                let indices = UInt32Array::from(rows.to_vec());
-                let fragment = self.reserved_take(&batch, &indices, input_bytes, &mut mine)?;
-                self.reserve(&mut mine, rows.len() * 8)?;
-                let fragment_hashes: Vec<u64> = rows.iter().map(|&r| hashes[r as usize]).collect();
-                let bytes = batch_bytes(&fragment) + fragment_hashes.capacity() * 8;
-                mine.try_resize(mine.size().max(bytes))?;
-                self.add(Some(p), fragment, fragment_hashes, bytes, &mut mine)?;
-            }
-            drop(keys);
-            mine.free();
+            let indices = UInt32Array::from(rows.to_vec());
+            let fragment = self.reserved_take(batch, &indices, input_bytes, mine)?;
+            self.reserve(mine, rows.len() * 8)?;
+            let fragment_hashes: Vec<u64> = rows.iter().map(|&r| hashes[r as usize]).collect();
+            let bytes = batch_bytes(&fragment) + fragment_hashes.capacity() * 8;
+            mine.try_resize(mine.size().max(bytes))?;
+            self.add(Some(p), fragment, fragment_hashes, bytes, mine)?;
         }
+        mine.free();
+        Ok(())
     }
 
     /// `take` of some rows of `batch`, reserved first (by the rows' share of the

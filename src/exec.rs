@@ -24,7 +24,9 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Mutex;
 use std::time::Instant;
 
-use arrow_array::{BooleanArray, RecordBatch, UInt32Array};
+use std::sync::Arc;
+
+use arrow_array::{BooleanArray, RecordBatch, RecordBatchOptions, UInt32Array};
 use arrow_buffer::ScalarBuffer;
 use arrow_schema::ArrowError;
 use crossbeam::channel::Sender;
@@ -32,8 +34,8 @@ use spilljoin_memory::MemoryConsumer;
 use spilljoin_spill::{SpillError, SpillFile, SpillManager};
 
 use crate::build::{
-    batch_bytes, build_side, detach_hashes, finish_partition, run_workers, with_hash_column,
-    BuiltSide, Partition, PartitionBuffer, Unmatchable,
+    batch_bytes, build_side, detach_hashes, finish_partition, pieces, run_workers,
+    with_hash_column, BuiltSide, Partition, PartitionBuffer, Unmatchable,
 };
 use crate::error::{JoinError, Result, Side};
 use crate::join::InputStreams;
@@ -132,14 +134,39 @@ impl Level {
         batch: &RecordBatch,
         build: bool,
     ) -> Result<(RecordBatch, Option<ScalarBuffer<u64>>)> {
-        if self.hashed_input {
+        let (batch, hashes) = if self.hashed_input {
             let (batch, hashes) = detach_hashes(batch)?;
-            plan.check_batch(&batch, build)?;
-            Ok((batch, Some(hashes)))
+            (batch, Some(hashes))
         } else {
-            plan.check_batch(batch, build)?;
-            Ok((batch.clone(), None))
-        }
+            (batch.clone(), None)
+        };
+        plan.check_batch(&batch, build)?;
+        // From here on every batch has exactly the declared schema (an input's field
+        // metadata or names may differ; spill files insist on one schema).
+        let schema = if build {
+            &plan.build_schema
+        } else {
+            &plan.probe_schema
+        };
+        let batch = if batch.schema_ref() == schema {
+            batch
+        } else {
+            RecordBatch::try_new_with_options(
+                Arc::clone(schema),
+                batch.columns().to_vec(),
+                &RecordBatchOptions::new().with_row_count(Some(batch.num_rows())),
+            )
+            .map_err(|source| JoinError::SchemaMismatch {
+                side: if build {
+                    plan.build_side
+                } else {
+                    plan.probe_side()
+                },
+                expected: schema.to_string(),
+                found: format!("{} ({source})", batch.schema()),
+            })?
+        };
+        Ok((batch, hashes))
     }
 }
 
@@ -217,10 +244,12 @@ where
                     .probe_rows
                     .fetch_add(batch.num_rows() as u64, Ordering::Relaxed);
             }
-            let bytes = batch_bytes(&batch);
-            state.reserve(ctx, &mut reservation, bytes)?;
-            prober.probe(&batch, hashes.as_deref(), &mut sink)?;
-            reservation.shrink(bytes);
+            for (piece, hashes) in pieces(&batch, hashes.as_ref(), plan.batch_size) {
+                let bytes = batch_bytes(&piece);
+                state.reserve(ctx, &mut reservation, bytes)?;
+                prober.probe(&piece, hashes.as_deref(), &mut sink)?;
+                reservation.shrink(bytes);
+            }
             ctx.note_peak();
         }
         sink.finish()?;
@@ -341,7 +370,9 @@ fn join_pair(
     facts: Facts,
 ) -> Result<()> {
     let next = level.bits.next_level(SUB_LEVEL_BITS);
-    let no_progress = level.depth > 0 && build_file.rows() == level_rows;
+    // A pair that keeps (nearly) all of its level's rows did not split: one key
+    // dominates, and repartitioning again would only rewrite it.
+    let no_progress = level.depth > 0 && build_file.rows() * 10 >= level_rows * 9;
     match next {
         Some(bits) if level.depth < MAX_DEPTH && !no_progress => {
             let sub = Level {
@@ -383,7 +414,7 @@ fn fallback(
     let mut matched_bits = consumer.new_empty();
     let tracks_probe = resolved.tracks_matched_probe_rows();
     if tracks_probe {
-        matched_bits.try_grow(probe_rows.div_ceil(8))?;
+        matched_bits.try_grow(probe_rows)?; // one bool per row
     }
     let mut matched = if tracks_probe {
         vec![false; probe_rows]
@@ -394,6 +425,9 @@ fn fallback(
     let mut pending: Option<RecordBatch> = None;
     let mut sink = ctx.sink();
     loop {
+        if ctx.cancel.load(Ordering::Relaxed) {
+            return Err(JoinError::Cancelled);
+        }
         // Read a chunk of the build file that fits.
         let mut chunk = consumer.new_empty();
         let mut buffer = PartitionBuffer::default();
@@ -442,8 +476,17 @@ fn fallback(
         let mut offset = 0usize;
         if let Some(file) = probe_file {
             for batch in file_input(file)? {
+                if ctx.cancel.load(Ordering::Relaxed) {
+                    return Err(JoinError::Cancelled);
+                }
                 let batch = batch.map_err(|e| ctx.input_error(plan.probe_side(), e))?;
                 let (batch, hashes) = level_split(plan, &batch)?;
+                if tracks_probe && offset + batch.num_rows() > matched.len() {
+                    return Err(JoinError::InvalidJoin(format!(
+                        "internal: probe spill file {} holds more rows than it said",
+                        file.path().display()
+                    )));
+                }
                 prober.probe(&batch, Some(&hashes), &mut sink)?;
                 if tracks_probe {
                     let newly: Vec<u32> = prober
@@ -479,7 +522,12 @@ fn fallback(
                 let batch = batch.map_err(|e| ctx.input_error(plan.probe_side(), e))?;
                 let (batch, _) = level_split(plan, &batch)?;
                 let n = batch.num_rows();
-                let seen = &matched[offset..offset + n];
+                let seen = matched.get(offset..offset + n).ok_or_else(|| {
+                    JoinError::InvalidJoin(format!(
+                        "internal: probe spill file {} holds more rows than it said",
+                        file.path().display()
+                    ))
+                })?;
                 offset += n;
                 let out = if resolved == BuildJoinType::ProbeMark {
                     let all: UInt32Array = (0..n as u32).collect();

@@ -17,6 +17,7 @@ use crossbeam::channel::{bounded, Receiver};
 use spilljoin_memory::{MemoryPool, UnboundedMemoryPool};
 use spilljoin_spill::{SpillConfig, SpillManager};
 
+use crate::build::panic_message;
 use crate::error::{JoinError, Result, Side};
 use crate::exec::{run, Ctx, SharedMetrics};
 use crate::filter::{JoinFilter, ResolvedFilter};
@@ -28,6 +29,9 @@ use crate::plan::JoinPlan;
 
 /// The default output batch size in rows.
 pub const DEFAULT_BATCH_SIZE_ROWS: usize = 8192;
+
+/// The largest batch size accepted (2^20 rows): per-batch buffers are sized by it.
+pub const MAX_BATCH_SIZE_ROWS: usize = 1 << 20;
 
 /// The default radix bits of the first partitioning level (16 partitions): enough
 /// partitions for every thread to build tables in parallel, few enough that the
@@ -147,9 +151,10 @@ impl HashJoinBuilder {
         self
     }
 
-    /// The most rows an output batch holds (at least 1).
+    /// The most rows an output batch holds, between 1 and [`MAX_BATCH_SIZE_ROWS`].
+    /// Input batches larger than this are processed in slices of this size.
     pub fn with_batch_size(mut self, rows: usize) -> Self {
-        self.batch_size_rows = rows.max(1);
+        self.batch_size_rows = rows.clamp(1, MAX_BATCH_SIZE_ROWS);
         self
     }
 
@@ -445,10 +450,19 @@ impl HashJoin {
                         cancel: &cancel,
                         metrics: &metrics,
                     };
-                    let result = match plan.build_side {
-                        Side::Right => run(&ctx, right, left, force_spill_fraction),
-                        Side::Left => run(&ctx, left, right, force_spill_fraction),
-                    };
+                    // A panic here (the coordinating thread runs the spilled pairs and
+                    // the fallback) must end the stream with an error, never as if
+                    // the join had finished.
+                    let result =
+                        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                            match plan.build_side {
+                                Side::Right => run(&ctx, right, left, force_spill_fraction),
+                                Side::Left => run(&ctx, left, right, force_spill_fraction),
+                            }
+                        }))
+                        .unwrap_or_else(|panic| {
+                            Err(JoinError::WorkerPanicked(panic_message(&panic)))
+                        });
                     match result {
                         Ok(()) | Err(JoinError::Cancelled) => {}
                         Err(e) => {
@@ -578,15 +592,17 @@ impl JoinStream {
         }
     }
 
-    fn stop(&mut self) {
+    /// Stops the join and waits for its thread. Returns an error if the thread
+    /// ended by a panic that it could not report through the channel.
+    fn stop(&mut self) -> Option<JoinError> {
         self.cancel.store(true, Ordering::Relaxed);
         // Dropping the receiver unblocks workers waiting to send.
         self.receiver = None;
-        if let Some(handle) = self.handle.take() {
-            // The thread catches nothing of ours; a panic there was already turned into
-            // an error where it could be, so there is nothing left to report.
-            let _ = handle.join();
-        }
+        let handle = self.handle.take()?;
+        handle
+            .join()
+            .err()
+            .map(|panic| JoinError::WorkerPanicked(panic_message(&panic)))
     }
 }
 
@@ -606,9 +622,9 @@ impl Iterator for JoinStream {
                 Some(Err(e))
             }
             Err(_) => {
-                // Every sender is gone: the join finished.
-                self.stop();
-                None
+                // Every sender is gone: the join finished — unless its thread died.
+                self.failed = true;
+                self.stop().map(Err)
             }
         }
     }
@@ -616,6 +632,8 @@ impl Iterator for JoinStream {
 
 impl Drop for JoinStream {
     fn drop(&mut self) {
-        self.stop();
+        // Nothing can be reported from a drop; the join's memory and files are
+        // released either way.
+        let _ = self.stop();
     }
 }

@@ -165,14 +165,32 @@ impl KeySpec {
         self.keys_of(columns)
     }
 
+    /// The normalized key columns of a batch and the rows with a null key, without
+    /// the equality representation (enough to hash and partition).
+    ///
+    /// # Errors
+    /// Arrow errors from decoding dictionaries.
+    pub fn evaluate_columns(
+        &self,
+        batch: &RecordBatch,
+        build_side: bool,
+    ) -> Result<(Vec<ArrayRef>, Option<NullBuffer>)> {
+        let indices = if build_side {
+            &self.build_columns
+        } else {
+            &self.probe_columns
+        };
+        let columns = indices
+            .iter()
+            .map(|&i| normalize(batch.column(i)))
+            .collect::<Result<Vec<_>>>()?;
+        let nulls = null_rows(&columns);
+        Ok((columns, nulls))
+    }
+
     /// Builds [`Keys`] from normalized columns.
     pub fn keys_of(&self, columns: Vec<ArrayRef>) -> Result<Keys> {
-        let nulls = columns
-            .iter()
-            .fold(None, |acc: Option<NullBuffer>, c| {
-                NullBuffer::union(acc.as_ref(), c.logical_nulls().as_ref())
-            })
-            .filter(|n| n.null_count() > 0);
+        let nulls = null_rows(&columns);
         let repr = match &self.converter {
             None => KeyRepr::Words {
                 words: words_of(columns[0].as_ref()),
@@ -186,6 +204,16 @@ impl KeySpec {
             repr,
         })
     }
+}
+
+/// The rows with a null in any of `columns`, or `None` when there are none.
+fn null_rows(columns: &[ArrayRef]) -> Option<NullBuffer> {
+    columns
+        .iter()
+        .fold(None, |acc: Option<NullBuffer>, c| {
+            NullBuffer::union(acc.as_ref(), c.logical_nulls().as_ref())
+        })
+        .filter(|n| n.null_count() > 0)
 }
 
 impl Keys {

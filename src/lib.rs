@@ -42,7 +42,7 @@ pub use exec::MAX_DEPTH;
 pub use filter::{FilterPredicate, JoinFilter};
 pub use join::{
     partition_bits_for, HashJoin, HashJoinBuilder, JoinMetrics, JoinStream,
-    DEFAULT_BATCH_SIZE_ROWS, DEFAULT_PARTITION_BITS, FORCE_SPILL_ENV,
+    DEFAULT_BATCH_SIZE_ROWS, DEFAULT_PARTITION_BITS, FORCE_SPILL_ENV, MAX_BATCH_SIZE_ROWS,
 };
 pub use join_type::{BuildJoinType, JoinType};
 pub use keys::NullEquality;

@@ -68,6 +68,14 @@ impl VisitedBits {
         }
     }
 
+    /// Sets the bit and says whether it was set already.
+    #[inline]
+    fn test_and_set(&self, row: usize) -> bool {
+        let bit = 1u64 << (row % 64);
+        let word = &self.words[row / 64];
+        word.load(Ordering::Relaxed) & bit != 0 || word.fetch_or(bit, Ordering::Relaxed) & bit != 0
+    }
+
     fn get(&self, row: usize) -> bool {
         self.words[row / 64].load(Ordering::Relaxed) & (1 << (row % 64)) != 0
     }
@@ -357,6 +365,8 @@ impl<'a> Prober<'a> {
     ) -> Result<()> {
         let plan = self.plan;
         let n = batch.num_rows();
+        self.matched.clear();
+        self.matched.resize(n, false);
         if n == 0 {
             return Ok(());
         }
@@ -524,8 +534,12 @@ impl<'a> Prober<'a> {
                             if stop_at_first {
                                 self.matched[r] = true;
                                 ControlFlow::Break(())
+                            } else if self.state.visited[p].test_and_set(b) {
+                                // Another probe row with this key is marking (or has
+                                // marked) every build row of it: a hot key costs one
+                                // chain walk, not one per probe row.
+                                ControlFlow::Break(())
                             } else {
-                                self.state.visited[p].set(b);
                                 ControlFlow::Continue(())
                             }
                         });

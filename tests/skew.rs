@@ -99,3 +99,37 @@ fn a_dominant_key_goes_to_the_fallback_and_stays_exact() {
         assert_eq!(pool.reserved(), 0);
     }
 }
+
+#[test]
+fn a_panic_in_the_fallback_is_an_error_not_a_short_result() {
+    let right = side("r", (0..32_000).map(|_| Some(7)), 100);
+    let left = side("l", (0..100).map(|_| Some(7)), 4);
+    let panicking = spilljoin::JoinFilter::new(
+        vec![(spilljoin::Side::Left, 1)],
+        |_: &RecordBatch| -> Result<arrow_array::BooleanArray, arrow_schema::ArrowError> {
+            panic!("a predicate that panics")
+        },
+    );
+    let pool: Arc<dyn MemoryPool> = Arc::new(GreedyMemoryPool::new(3 << 20));
+    let results: Vec<_> = HashJoinBuilder::new(left.schema(), right.schema(), [("lk", "rk")])
+        .with_filter(panicking)
+        .with_memory_pool(Arc::clone(&pool))
+        .with_swap_spilled_pairs(false)
+        .with_threads(1)
+        .build()
+        .unwrap()
+        .execute(
+            vec![Ok(left)],
+            (0..32)
+                .map(|i| Ok(right.slice(i * 1000, 1000)))
+                .collect::<Vec<_>>(),
+        )
+        .unwrap()
+        .collect();
+    assert!(
+        matches!(results.last(), Some(Err(spilljoin::JoinError::WorkerPanicked(m))) if m.contains("panics")),
+        "{:?}",
+        results.last()
+    );
+    assert_eq!(pool.reserved(), 0);
+}

@@ -39,6 +39,15 @@ DATA = HERE / "data"
 TABLES = ("orders", "lineitem", "customer")
 GNU_TIME = shutil.which("time", path="/usr/bin:/bin")  # the binary, not the shell keyword
 AIR = "AIR"  # l_shipmode value of the filtered variants (about 1/7 of lineitem)
+# The skew dataset (--skew): orders/lineitem with the join key rewritten; see write_skew.
+SKEW_TABLES = ("orders_skew", "lineitem_skew")
+SKEW_SEED = 20240601
+SKEW_HOT_SHARE = 0.20  # share of the build (orders) rows on the one hot key
+SKEW_HOT_PROBE_ROWS = 5  # lineitem rows on the hot key: keeps the output small
+SKEW_ZIPF_A = 1.2  # numpy zipf exponent of every other key, on both sides
+SKEW_MAX_OUTPUT = 50_000_000  # refuse a dataset whose inner join would be bigger
+# Time targets of spilljoin under a limit, as a multiple of its unlimited time (--summary).
+SLOWDOWN_TARGETS = {"25%": 1.5, "5%": 2.5}
 
 
 @dataclass(frozen=True)
@@ -69,6 +78,7 @@ def orders_lineitem(kind: str, sql: str, right_col: str | None = None, build: st
 
 
 SUM_O = "SELECT count(*), sum(o_totalprice)"
+SKEW_JOINS = ("skew_inner",)  # need the --skew dataset; not part of 'all' without --skew
 JOINS = {
     "inner": orders_lineitem(
         "inner", f"{SUM_O}, sum(l_extendedprice) FROM orders JOIN lineitem ON o_orderkey = l_orderkey",
@@ -93,6 +103,10 @@ JOINS = {
         "not_in", f"{SUM_O} FROM orders WHERE o_orderkey NOT IN "
         f"(SELECT l_orderkey FROM lineitem WHERE l_shipmode = '{AIR}')",
         build="right", right_filter=True),
+    "skew_inner": Join(  # one key holds 20 % of orders_skew, 5 rows of lineitem_skew
+        "orders_skew", "lineitem_skew", "o_orderkey", "l_orderkey", "inner", "left",
+        "o_totalprice", "l_extendedprice",
+        f"{SUM_O}, sum(l_extendedprice) FROM orders_skew JOIN lineitem_skew ON o_orderkey = l_orderkey"),
 }
 
 # spilljoin's --type when the SQL left side is its build (RIGHT) input.
@@ -119,6 +133,7 @@ def table_paths(sf: float) -> dict[str, str]:
     d = sf_dir(sf)
     paths = {t: str(d / f"{t}.parquet") for t in TABLES}
     paths["lineitem_air"] = str(d / "lineitem_air.parquet")
+    paths.update({t: str(d / f"{t}.parquet") for t in SKEW_TABLES})
     return paths
 
 
@@ -187,7 +202,7 @@ def build_side_bytes(sf: float) -> None:
                            else (j.right, j.right_key, j.right_col))
         cols = [key] + ([col] if col else [])
         air = j.right_filter and j.build == "right"
-        if sizes.get(name, {}).get("columns") == cols:
+        if sizes.get(name, {}).get("columns") == cols or not Path(table_paths(sf)[table]).exists():
             continue
         batches = list(read_batches(table_paths(sf)[table], cols, air_only=air))
         sizes[name] = {"table": table + (f" ({AIR})" if air else ""), "columns": cols,
@@ -196,10 +211,99 @@ def build_side_bytes(sf: float) -> None:
     cache.write_text(json.dumps(sizes, indent=1))
 
 
-def prepare(sf: float, threads: int, filtered: bool) -> None:
+def write_skew(sf: float) -> None:
+    """orders_skew / lineitem_skew: orders and lineitem with the join key rewritten.
+
+    Every other column and the row counts are kept; only o_orderkey / l_orderkey change.
+    The key set K is orders' own o_orderkey values. Build (orders_skew): exactly
+    SKEW_HOT_SHARE of the rows get one hot key; every other row gets the key of rank
+    (Z - 1) mod (|K| - 1), Z ~ numpy zipf(SKEW_ZIPF_A), over the remaining keys.
+    Probe (lineitem_skew): SKEW_HOT_PROBE_ROWS rows get the hot key; every other row
+    is drawn from the same zipf over the same keys, but the probe ranks the keys in its
+    own order: first the keys orders_skew holds once, then twice, ... (its heaviest
+    last), then the keys orders_skew lacks. With one shared order the zipf heads of the
+    two sides would multiply to some 10^11 output rows at SF1 (see README.md); this way
+    the probe's heavy hitters are build singletons, most probe rows match (as in TPC-H)
+    and the output stays near lineitem's size. Seeded; the expected inner-join output
+    is computed here, printed and kept in skew.json beside the data.
+    """
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    paths, info_path = table_paths(sf), sf_dir(sf) / "skew.json"
+    shape = {"seed": SKEW_SEED, "zipf_a": SKEW_ZIPF_A, "hot_share": SKEW_HOT_SHARE,
+             "hot_probe_rows_wanted": SKEW_HOT_PROBE_ROWS, "probe_order": "build singletons first"}
+    if info_path.exists() and all(Path(paths[t]).exists() for t in SKEW_TABLES):
+        info = json.loads(info_path.read_text())
+        if all(info.get(k) == v for k, v in shape.items()):  # else the constants changed
+            print_skew(info)
+            return
+    start = time.monotonic()
+    rng = np.random.default_rng(SKEW_SEED)
+    keys = pq.read_table(paths["orders"], columns=["o_orderkey"])["o_orderkey"].to_numpy()
+    n = len(keys)
+    n_build, n_probe = n, pq.ParquetFile(paths["lineitem"]).metadata.num_rows
+    order = rng.permutation(n)  # rank -> index into keys
+    hot, build_order = order[0], order[1:]
+
+    def draw(rank_order, rows, hot_rows):
+        idx = rank_order[(rng.zipf(SKEW_ZIPF_A, rows) - 1) % (n - 1)]
+        idx[rng.choice(rows, hot_rows, replace=False)] = hot
+        return idx
+
+    b = draw(build_order, n_build, round(SKEW_HOT_SHARE * n_build))
+    bc = np.bincount(b, minlength=n)
+    present, absent = build_order[bc[build_order] > 0], build_order[bc[build_order] == 0]
+    probe_order = np.concatenate([present[np.argsort(bc[present], kind="stable")], absent])
+    p = draw(probe_order, n_probe, SKEW_HOT_PROBE_ROWS)
+    pc = np.bincount(p, minlength=n)
+    output = int((bc * pc).sum())
+    top_b, top_p = np.argsort(-bc)[:4], np.argsort(-pc)[:3]
+    info = {
+        **shape, "hot_key": int(keys[hot]), "build_rows": n_build, "probe_rows": n_probe,
+        "hot_build_rows": int(bc[hot]), "hot_probe_rows": int(pc[hot]),
+        "build_distinct_keys": int((bc > 0).sum()), "probe_distinct_keys": int((pc > 0).sum()),
+        "probe_rows_matching": int(pc[bc > 0].sum()),
+        "top_build_keys": [[int(keys[i]), int(bc[i]), int(pc[i])] for i in top_b],
+        "top_probe_keys": [[int(keys[i]), int(bc[i]), int(pc[i])] for i in top_p],
+        "expected_inner_rows": output,
+    }
+    if output > SKEW_MAX_OUTPUT:
+        raise SystemExit(f"skew dataset would join to {output} rows (> {SKEW_MAX_OUTPUT}); "
+                         "change SKEW_SEED or the shape")
+    for table, key, values in (("orders", "o_orderkey", keys[b]), ("lineitem", "l_orderkey", keys[p])):
+        src, out = pq.ParquetFile(paths[table]), Path(paths[f"{table}_skew"])
+        tmp, at = out.with_suffix(".tmp"), 0
+        col = src.schema_arrow.get_field_index(key)
+        with pq.ParquetWriter(tmp, src.schema_arrow, compression="snappy") as w:
+            for g in range(src.num_row_groups):  # keep the source's row groups
+                t = src.read_row_group(g)
+                t = t.set_column(col, src.schema_arrow.field(col),
+                                 pa.array(values[at:at + t.num_rows], pa.int64()))
+                w.write_table(t, row_group_size=t.num_rows)
+                at += t.num_rows
+        assert at == len(values), (table, at, len(values))
+        tmp.rename(out)
+    info_path.write_text(json.dumps(info, indent=1))
+    log(f"wrote {', '.join(SKEW_TABLES)} in {time.monotonic() - start:.1f} s")
+    print_skew(info)
+
+
+def print_skew(info: dict) -> None:
+    log(f"skew dataset: hot key {info['hot_key']} has {info['hot_build_rows']} of "
+        f"{info['build_rows']} build rows and {info['hot_probe_rows']} of {info['probe_rows']} "
+        f"probe rows; {info['build_distinct_keys']} / {info['probe_distinct_keys']} distinct keys; "
+        f"{info['probe_rows_matching']} probe rows match; "
+        f"expected skew_inner output: {info['expected_inner_rows']} rows")
+
+
+def prepare(sf: float, threads: int, filtered: bool, skew: bool = False) -> None:
     generate_tpch(sf, threads)
     if filtered:
         write_filtered_lineitem(sf)
+    if skew:
+        write_skew(sf)
     build_side_bytes(sf)
 
 
@@ -231,7 +335,7 @@ def run_duckdb(j: Join, paths: dict, limit: int | None, threads: int, scratch: s
     con.execute(f"SET temp_directory = '{scratch}'")
     if limit is not None:
         con.execute(f"SET memory_limit = '{limit}B'")
-    for t in TABLES:
+    for t in dict.fromkeys((j.left, j.right)):
         con.execute(f"CREATE VIEW {t} AS SELECT * FROM read_parquet('{paths[t]}')")
     return list(con.execute(j.sql).fetchone())
 
@@ -246,7 +350,7 @@ def run_datafusion(j: Join, paths: dict, limit: int | None, threads: int, scratc
     if limit is not None:
         runtime = runtime.with_fair_spill_pool(limit)
     ctx = SessionContext(config, runtime)
-    for t in TABLES:
+    for t in dict.fromkeys((j.left, j.right)):
         ctx.register_parquet(t, paths[t])
     row = ctx.sql(j.sql).to_arrow_table().to_pylist()[0]
     return list(row.values())
@@ -427,7 +531,10 @@ def run_one(engine: str, join: str, limit: int | None, opts, paths: dict, env: d
         res = parse_spilljoin(p["rc"], p["stderr"])
         metrics = scratch / "metrics.json"
         if metrics.exists():
-            res["metrics"] = metrics.read_text()[:4000]
+            try:
+                res["metrics"] = json.loads(metrics.read_text())
+            except ValueError as e:
+                res["metrics_error"] = first_line(str(e))
     else:
         lines = [l for l in p["stdout"].splitlines() if l.startswith("RESULT ")]
         if lines:
@@ -485,6 +592,13 @@ def summarize(runs: list) -> dict:
                  cpu=statistics.median(r["cpu"] for r in ok),
                  rss=max(r["rss"] for r in ok), rows=ok[0].get("rows"),
                  results={json.dumps(r.get("result", r.get("rows"))) for r in ok})
+        if ms := [r["metrics"] for r in ok if isinstance(r.get("metrics"), dict)]:
+            med = lambda k: statistics.median(m.get(k, 0) for m in ms)
+            s["metrics"] = {"build_bytes_spilled": med("build_bytes_spilled"),
+                            "probe_bytes_spilled": med("probe_bytes_spilled"),
+                            "max_recursion_depth": max(m.get("max_recursion_depth", 0) for m in ms),
+                            "fallbacks": max(m.get("fallbacks", 0) for m in ms),
+                            "memory_limit_bytes": ms[0].get("memory_limit_bytes")}
     elif rss := [r["rss"] for r in runs if r.get("rss") is not None]:
         s["rss"] = max(rss)  # how far a failed run got
     return s
@@ -508,6 +622,51 @@ def check(s: dict, ref: list | None) -> str:
     return "ok" if good else "MISMATCH"
 
 
+def rss_check(s: dict, limit: int | None) -> str:
+    """Peak RSS within 1.1 x the limit + 64 MiB (headroom for code, runtime, I/O buffers)."""
+    if limit is None or s.get("rss") is None:
+        return "-"
+    return "ok" if s["rss"] <= 1.1 * limit + 64 * 2**20 else "OVER"
+
+
+def spill_columns(s: dict, limit: int | None, build_bytes: int) -> list[str]:
+    """build MiB spilled, probe MiB spilled, depth, fallbacks, spill / hybrid minimum.
+
+    The hybrid minimum is what does not fit, written once: build bytes - limit bytes.
+    """
+    m = s.get("metrics")
+    if not m:
+        return ["-"] * 5
+    limit = m.get("memory_limit_bytes") if limit is not None else None
+    need = None if limit is None else build_bytes - limit
+    ratio = "-" if not need or need <= 0 else f"{m['build_bytes_spilled'] / max(1, need):.2f}"
+    return [mib(m["build_bytes_spilled"]), mib(m["probe_bytes_spilled"]),
+            str(m["max_recursion_depth"]), str(m["fallbacks"]), ratio]
+
+
+def slowdown_summary(joins, limits, runs) -> list[str]:
+    """Per join and limit: spilljoin's time / its unlimited time, against SLOWDOWN_TARGETS."""
+    out = ["", "## spilljoin under a limit vs unlimited (--summary)", "",
+           "| join | limit | time s | unlimited s | ratio | target | verdict |", "|" + "---|" * 7]
+    num = lambda x, fmt: "-" if x is None else format(x, fmt)
+    for join in joins:
+        base = summarize(runs.get((join, "none", "spilljoin"), [])).get("time")
+        for limit_text in (l for l in limits if l.lower() != "none"):
+            s = summarize(runs.get((join, limit_text, "spilljoin"), []))
+            t = s.get("time")
+            target = SLOWDOWN_TARGETS.get(limit_text.replace(" ", ""))
+            ratio = t / base if t is not None and base else None
+            verdict = ("FAILED" if s["n"] and not s["n_ok"] and target is not None
+                       else "-" if ratio is None or target is None
+                       else "met" if ratio <= target else "MISSED")
+            out.append(f"| {join} | {limit_text} | {num(t, '.2f')} | {num(base, '.2f')} "
+                       f"| {num(ratio, '.2f')}{'×' if ratio else ''} "
+                       f"| {'≤ %g×' % target if target else '-'} | {verdict} |")
+    if not any(l.lower() == "none" for l in limits):
+        out += ["", "No `none` limit in this run, so no unlimited time to divide by."]
+    return out
+
+
 def status_text(s: dict) -> str:
     if s["n_ok"] == s["n"]:
         return "ok"
@@ -515,7 +674,8 @@ def status_text(s: dict) -> str:
     return err if s["n_ok"] == 0 else f"ok {s['n_ok']}/{s['n']}; {err}"
 
 
-def report(opts, argv, engines, joins, limits, sizes, runs, env_info, baselines) -> str:
+def report(opts, argv, engines, joins, limits, sizes, runs, env_info, baselines,
+           summary: bool = False, skew_info: dict | None = None) -> str:
     ref = reference_results(runs, joins)
     out = ["# spilljoin vs peer engines: TPC-H joins", "",
            f"- command: `{shlex.join(argv)}`", f"- date: {env_info['date']}",
@@ -535,8 +695,14 @@ def report(opts, argv, engines, joins, limits, sizes, runs, env_info, baselines)
         b = sizes[j]
         out.append(f"| {j} | {b['table']} | {', '.join(b['columns'])} | {b['rows']} | {mib(b['bytes'])} |")
     out += ["", "## Results", "",
+            "Limits in % are shares of the build side's projected Arrow bytes above. "
+            "RSS check: `ok` when peak RSS ≤ 1.1 × limit + 64 MiB, else `OVER` (python engines' "
+            "RSS includes their import baseline). Spill columns are spilljoin's `--metrics` "
+            "(bytes: medians over the ok runs; depth, fallbacks: maxima); spill / hybrid min = "
+            "build bytes spilled / (build Arrow bytes − limit), `-` when the build side fits.", "",
             "| join | limit | limit MiB | engine | status | time s | ×spilljoin | wall s | cpu s "
-            "| peak RSS MiB | rows | check |", "|" + "---|" * 12]
+            "| peak RSS MiB | RSS ≤ 1.1×limit+64 MiB | rows | check | build MiB spilled "
+            "| probe MiB spilled | depth | fallbacks | spill / hybrid min |", "|" + "---|" * 18]
     for join in joins:
         for limit_text in limits:
             limit = parse_limit(limit_text, sizes[join]["bytes"])
@@ -548,9 +714,28 @@ def report(opts, argv, engines, joins, limits, sizes, runs, env_info, baselines)
                 f = lambda k: f"{s[k]:.2f}" if s.get(k) is not None else "-"
                 out.append(f"| {join} | {limit_text} | {mib(limit)} | {engine} | {status_text(s)} "
                            f"| {f('time')} | {ratio} | {f('wall')} | {f('cpu')} | {mib(s.get('rss'))} "
-                           f"| {s.get('rows', '-')} | {check(s, ref[join])} |")
+                           f"| {rss_check(s, limit)} | {s.get('rows', '-')} | {check(s, ref[join])} | "
+                           + " | ".join(spill_columns(s, limit, sizes[join]["bytes"])) + " |")
+    if summary:
+        out += slowdown_summary(joins, limits, runs)
     out += ["", "## Reference results ([count, sum of left column, sum of right column])", ""]
     out += [f"- {j}: `{json.dumps(ref[j])}` — `{JOINS[j].sql}`" for j in joins]
+    if skew_info:
+        out += ["", "## Skew dataset", "",
+                f"- seed {skew_info['seed']}, zipf a = {skew_info['zipf_a']}; hot key "
+                f"{skew_info['hot_key']}: {skew_info['hot_build_rows']} of {skew_info['build_rows']} "
+                f"orders_skew rows, {skew_info['hot_probe_rows']} of {skew_info['probe_rows']} "
+                "lineitem_skew rows",
+                f"- distinct keys: {skew_info['build_distinct_keys']} (orders_skew), "
+                f"{skew_info['probe_distinct_keys']} (lineitem_skew); "
+                f"{skew_info['probe_rows_matching']} lineitem_skew rows have a match",
+                "- heaviest build keys [key, build rows, probe rows]: "
+                f"`{json.dumps(skew_info['top_build_keys'])}`; heaviest probe keys: "
+                f"`{json.dumps(skew_info['top_probe_keys'])}`",
+                f"- expected skew_inner output (from data prep): {skew_info['expected_inner_rows']} rows"
+                + ("" if ref.get("skew_inner") is None else
+                   " — " + ("agrees with" if ref["skew_inner"][0] == skew_info["expected_inner_rows"]
+                            else "**differs from**") + " the reference count")]
     return "\n".join(out) + "\n"
 
 
@@ -560,7 +745,7 @@ def environment(engines) -> dict:
     mem = next((int(l.split()[1]) * 1024 for l in open("/proc/meminfo")
                 if l.startswith("MemTotal")), 0)
     versions = []
-    for pkg in ("duckdb", "datafusion", "polars", "pyarrow", "tpchgen-cli"):
+    for pkg in ("duckdb", "datafusion", "polars", "pyarrow", "numpy", "tpchgen-cli"):
         try:
             versions.append(f"{pkg} {metadata.version(pkg)}")
         except metadata.PackageNotFoundError:
@@ -607,6 +792,10 @@ def parse_args(argv):
     p.add_argument("--timeout", type=float, default=600, help="kill a run after this many s")
     p.add_argument("--out", help="also write the Markdown here (default data/results-sfN.md)")
     p.add_argument("--rebuild", action="store_true", help="run cargo build even if the binary exists")
+    p.add_argument("--skew", action="store_true",
+                   help="write the skew dataset (orders_skew, lineitem_skew) and run skew_inner too")
+    p.add_argument("--summary", action="store_true",
+                   help="after the table, spilljoin's time under each limit / its unlimited time")
     p.add_argument("--child", help=argparse.SUPPRESS)
     p.add_argument("--prepare", help=argparse.SUPPRESS)
     return p.parse_args(argv)
@@ -619,7 +808,11 @@ def main(argv: list[str]) -> None:
     if opts.prepare:
         return prepare(**json.loads(opts.prepare))
     engines = [x for e in opts.engines.split(",") for x in ENGINE_ALIASES.get(e.strip(), (e.strip(),))]
-    joins = list(JOINS) if opts.joins == "all" else [j.strip() for j in opts.joins.split(",")]
+    joins = ([j for j in JOINS if j not in SKEW_JOINS] if opts.joins == "all"
+             else [j.strip() for j in opts.joins.split(",")])
+    if opts.skew:
+        joins += [j for j in SKEW_JOINS if j not in joins]
+    skew = any(j in SKEW_JOINS for j in joins)  # naming skew_inner implies --skew
     limits = [l.strip() for l in opts.memory_limits.split(",")]
     for name, allowed in (("engine", ENGINES), ("join", JOINS)):
         bad = [x for x in (engines if name == "engine" else joins) if x not in allowed]
@@ -630,7 +823,7 @@ def main(argv: list[str]) -> None:
     # Data preparation reads Parquet with pyarrow: do it in a child so that this
     # process stays small (a child's peak RSS starts from its parent's at fork).
     filtered = "spilljoin" in engines and any(JOINS[j].right_filter for j in joins)
-    prep = {"sf": opts.sf, "threads": opts.threads, "filtered": filtered}
+    prep = {"sf": opts.sf, "threads": opts.threads, "filtered": filtered, "skew": skew}
     subprocess.run([sys.executable, str(Path(__file__).resolve()), "--prepare", json.dumps(prep)],
                    check=True)
     paths = table_paths(opts.sf)
@@ -643,8 +836,10 @@ def main(argv: list[str]) -> None:
             skip["spilljoin"] = reason
     baselines = import_baselines(engines, opts, paths)
     runs = benchmark(opts, engines, joins, limits, paths, sizes, skip)
+    skew_file = sf_dir(opts.sf) / "skew.json"
+    skew_info = json.loads(skew_file.read_text()) if skew and skew_file.exists() else None
     md = report(opts, ["python3", "benches/compare/run.py", *argv], engines, joins, limits,
-                sizes, runs, env_info, baselines)
+                sizes, runs, env_info, baselines, summary=opts.summary, skew_info=skew_info)
     print(md)
     out = Path(opts.out) if opts.out else DATA / f"results-sf{opts.sf:g}.md"
     out.write_text(md)

@@ -40,6 +40,7 @@ use crate::join::InputStreams;
 use crate::keys::KeyRepr;
 use crate::partition::PartitionedRows;
 use crate::plan::JoinPlan;
+use crate::probe::Prober;
 use crate::table::{ChainedTable, MAX_TABLE_ROWS};
 
 /// The name of the column that carries each row's key hash in spill files.
@@ -419,7 +420,7 @@ impl<'a> BuildCollector<'a> {
         reservation: &mut MemoryReservation,
         _p: usize,
     ) -> Result<()> {
-        let batch_size = self.plan().batch_size;
+        let batch_size = self.plan().work_rows;
         let fragments = std::mem::take(&mut part.fragments);
         let mut group: Vec<RecordBatch> = Vec::new();
         let (mut group_rows, mut group_bytes) = (0, 0);
@@ -527,7 +528,7 @@ impl<'a> BuildCollector<'a> {
         bytes: usize,
         mine: &mut MemoryReservation,
     ) -> Result<()> {
-        let batch_size = self.plan().batch_size;
+        let batch_size = self.plan().work_rows;
         let mut state = lock(&self.state);
         let state = &mut *state;
         state.reservation.merge(mine.split(bytes));
@@ -580,7 +581,7 @@ impl<'a> BuildCollector<'a> {
             };
             let (batch, stored_hashes) = self.level.split_input(plan, &batch, true)?;
             num_rows.fetch_add(batch.num_rows() as u64, Ordering::Relaxed);
-            for (piece, hashes) in pieces(&batch, stored_hashes.as_ref(), plan.batch_size) {
+            for (piece, hashes) in pieces(&batch, stored_hashes.as_ref(), plan.work_rows) {
                 self.collect_batch(&piece, hashes.as_deref(), has_null_key, &mut scratch)?;
             }
         }
@@ -688,14 +689,14 @@ impl<'a> BuildCollector<'a> {
                 self.spill_partition(&mut state.partitions[p], &mut state.reservation, p)?;
             }
         }
-        // Leave room for the probe: a few batches per worker.
-        let headroom = (self
-            .largest_batch_bytes
-            .load(Ordering::Relaxed)
-            .max(64 * 1024)
-            * 4
-            * plan.threads)
-            .min(plan.pool.limit().bytes() / 4);
+        // Leave room for the probe: what each probe worker reserves (its buffers, a
+        // batch in flight, and the output and spill pieces it makes from it).
+        let per_worker = Prober::bytes_for(plan.work_rows, plan.work_rows)
+            + 3 * self
+                .largest_batch_bytes
+                .load(Ordering::Relaxed)
+                .max(16 * 1024);
+        let headroom = (per_worker * plan.threads).min(plan.pool.limit().bytes() / 2);
         let mut headroom_reservation = self.base.new_empty();
         self.reserve(&mut headroom_reservation, headroom)?;
         // Tables for the in-memory partitions, smallest first; spill the largest

@@ -226,7 +226,7 @@ where
         state.reserve(
             ctx,
             &mut reservation,
-            Prober::bytes_for(plan.batch_size, plan.batch_size),
+            Prober::bytes_for(plan.work_rows, plan.work_rows),
         )?;
         let mut prober = Prober::new(ctx, level.bits, &built, &state);
         let mut sink = ctx.sink();
@@ -244,7 +244,7 @@ where
                     .probe_rows
                     .fetch_add(batch.num_rows() as u64, Ordering::Relaxed);
             }
-            for (piece, hashes) in pieces(&batch, hashes.as_ref(), plan.batch_size) {
+            for (piece, hashes) in pieces(&batch, hashes.as_ref(), plan.work_rows) {
                 let bytes = batch_bytes(&piece);
                 state.reserve(ctx, &mut reservation, bytes)?;
                 prober.probe(&piece, hashes.as_deref(), &mut sink)?;

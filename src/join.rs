@@ -273,6 +273,8 @@ impl HashJoinBuilder {
             &self.right,
             self.projection.as_deref(),
         )?;
+        let work_rows =
+            crate::plan::work_rows_for(self.batch_size_rows, pool.limit().bytes(), self.threads);
         let (build_schema, probe_schema) = match build {
             Side::Right => (Arc::clone(&self.right), Arc::clone(&self.left)),
             Side::Left => (Arc::clone(&self.left), Arc::clone(&self.right)),
@@ -289,6 +291,7 @@ impl HashJoinBuilder {
             pool,
             spill: self.spill.clone(),
             batch_size: self.batch_size_rows,
+            work_rows,
             threads: self.threads,
             bits,
             force_spill_fraction: self.force_spill_fraction,
@@ -302,12 +305,14 @@ impl HashJoinBuilder {
 ///
 /// Partitions that spill are joined one at a time at the next level, where a
 /// partition needs about three times its size (its rows, their concatenation while
-/// both exist, the key encoding and the table), so each should hold at most a
-/// quarter of the limit: `b = ceil(log2(4 × build / limit))`, at least
+/// both exist, the key encoding and the table) beside the probe's headroom (up to
+/// half the limit), so each should hold at most an eighth of the limit:
+/// `b = ceil(log2(8 × build / limit))`, at least
 /// [`DEFAULT_PARTITION_BITS`] (enough partitions for every thread to build tables in
 /// parallel, and for spilling to keep most of a build that almost fits) and at most
-/// [`MAX_PARTITION_BITS`]. Unknown sizes or no limit give the default; a partition
-/// that still does not fit is split again at the next level.
+/// [`MAX_PARTITION_BITS`] — and no more than a quarter of the limit can buffer
+/// (about 32 KiB per spilled partition). Unknown sizes or no limit give the default;
+/// a partition that still does not fit is split again at the next level.
 pub fn partition_bits_for(build_size_hint_bytes: Option<u64>, limit_bytes: usize) -> u32 {
     let Some(build) = build_size_hint_bytes else {
         return DEFAULT_PARTITION_BITS;
@@ -315,9 +320,20 @@ pub fn partition_bits_for(build_size_hint_bytes: Option<u64>, limit_bytes: usize
     if limit_bytes == usize::MAX || limit_bytes == 0 {
         return DEFAULT_PARTITION_BITS;
     }
-    let ratio = (4.0 * build as f64 / limit_bytes as f64).max(1.0);
-    (ratio.log2().ceil() as u32).clamp(DEFAULT_PARTITION_BITS, MAX_PARTITION_BITS)
+    let ratio = (8.0 * build as f64 / limit_bytes as f64).max(1.0);
+    let wanted = (ratio.log2().ceil() as u32).clamp(DEFAULT_PARTITION_BITS, MAX_PARTITION_BITS);
+    // Every spilled partition keeps a writer and a few pieces per side in memory
+    // (about 32 KiB); under a tiny limit, fewer partitions (split again at the next
+    // level) beat many that cannot all be buffered.
+    let affordable = (limit_bytes / (4 * PER_PARTITION_SPILL_BYTES))
+        .max(4)
+        .ilog2();
+    wanted.min(affordable)
 }
+
+/// What one spilled partition holds in memory while it is written: its build and
+/// probe writers' buffers and the pieces waiting to be written.
+const PER_PARTITION_SPILL_BYTES: usize = 32 * 1024;
 
 /// A validated join, ready to execute any number of times.
 #[derive(Debug, Clone)]

@@ -230,7 +230,7 @@ impl ProbeState {
         }
         spill.rows += batch.num_rows();
         spill.pending.push(batch);
-        if spill.rows >= ctx.plan.batch_size {
+        if spill.rows >= ctx.plan.work_rows {
             self.flush(ctx, &mut spill)?;
         }
         Ok(())
@@ -333,8 +333,8 @@ impl<'a> Prober<'a> {
             hashes: Vec::new(),
             grouped: PartitionedRows::default(),
             matched: Vec::new(),
-            pair_probe: Vec::with_capacity(ctx.plan.batch_size),
-            pair_build: Vec::with_capacity(ctx.plan.batch_size),
+            pair_probe: Vec::with_capacity(ctx.plan.work_rows),
+            pair_build: Vec::with_capacity(ctx.plan.work_rows),
         }
     }
 
@@ -546,7 +546,7 @@ impl<'a> Prober<'a> {
                 }
                 return Ok(());
             }
-            let batch_size = self.plan.batch_size;
+            let batch_size = self.plan.work_rows;
             for (&r, &first) in rows[range.clone()].iter().zip(&firsts) {
                 let r = r as usize;
                 let hash = self.hashes[r];
@@ -581,7 +581,7 @@ impl<'a> Prober<'a> {
         p: usize,
         sink: &mut OutputSink,
     ) -> Result<()> {
-        let batch_size = self.plan.batch_size;
+        let batch_size = self.plan.work_rows;
         let mut start = 0;
         while start < self.pair_probe.len() {
             let end = (start + batch_size).min(self.pair_probe.len());

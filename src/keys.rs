@@ -19,7 +19,7 @@ use std::sync::Arc;
 use arrow_array::cast::AsArray;
 use arrow_array::types::*;
 use arrow_array::{Array, ArrayRef, ArrowPrimitiveType, PrimitiveArray, RecordBatch};
-use arrow_buffer::{NullBuffer, ToByteSlice};
+use arrow_buffer::{NullBuffer, ScalarBuffer, ToByteSlice};
 use arrow_row::{RowConverter, Rows, SortField};
 use arrow_schema::{DataType, Schema};
 
@@ -67,8 +67,10 @@ pub(crate) struct Keys {
 pub(crate) enum KeyRepr {
     /// One fixed-width key column; `valid` is the column's validity.
     Words {
-        /// Each row's key bits.
-        words: Vec<u64>,
+        /// Each row's key bits (for 8-byte types, the key column's own buffer).
+        words: ScalarBuffer<u64>,
+        /// The bytes `words` holds beyond the key column (0 when shared with it).
+        owned_bytes: usize,
         /// Which rows are not null; `None` when all are valid.
         valid: Option<NullBuffer>,
     },
@@ -80,9 +82,9 @@ impl KeyRepr {
     /// Bytes held by this representation.
     pub fn size(&self) -> usize {
         match self {
-            KeyRepr::Words { words, valid } => {
-                words.capacity() * 8 + valid.as_ref().map_or(0, |v| v.buffer().capacity())
-            }
+            KeyRepr::Words {
+                owned_bytes, valid, ..
+            } => *owned_bytes + valid.as_ref().map_or(0, |v| v.buffer().capacity()),
             KeyRepr::Rows(rows) => rows.size(),
         }
     }
@@ -192,10 +194,14 @@ impl KeySpec {
     pub fn keys_of(&self, columns: Vec<ArrayRef>) -> Result<Keys> {
         let nulls = null_rows(&columns);
         let repr = match &self.converter {
-            None => KeyRepr::Words {
-                words: words_of(columns[0].as_ref()),
-                valid: nulls.clone(),
-            },
+            None => {
+                let (words, owned_bytes) = words_of(columns[0].as_ref())?;
+                KeyRepr::Words {
+                    words,
+                    owned_bytes,
+                    valid: nulls.clone(),
+                }
+            }
             Some(converter) => KeyRepr::Rows(converter.convert_columns(&columns)?),
         };
         Ok(Keys {
@@ -305,8 +311,14 @@ pub(crate) fn normalize(column: &ArrayRef) -> Result<ArrayRef> {
 }
 
 /// One `u64` per row of a fixed-width column (null slots hold whatever is there).
-fn words_of(column: &dyn Array) -> Vec<u64> {
-    fn words<T: ArrowPrimitiveType>(array: &PrimitiveArray<T>) -> Vec<u64> {
+/// One `u64` per row of a fixed-width column (null slots hold whatever is there),
+/// and the bytes that takes beyond the column itself: 8-byte types are read in place
+/// (their buffer reinterpreted, no copy), narrower ones widened into a new buffer.
+///
+/// # Errors
+/// [`JoinError::InvalidJoin`] if the column is not of a fixed width (a bug).
+fn words_of(column: &dyn Array) -> Result<(ScalarBuffer<u64>, usize)> {
+    fn widen<T: ArrowPrimitiveType>(array: &PrimitiveArray<T>) -> ScalarBuffer<u64> {
         array
             .values()
             .iter()
@@ -319,31 +331,48 @@ fn words_of(column: &dyn Array) -> Vec<u64> {
             .collect()
     }
     if let Some(b) = column.as_boolean_opt() {
-        return b.values().iter().map(u64::from).collect();
+        let words: ScalarBuffer<u64> = b.values().iter().map(u64::from).collect();
+        let bytes = words.len() * 8;
+        return Ok((words, bytes));
     }
-    let data = column.to_data();
-    let width = column.data_type().primitive_width().unwrap_or(8);
     // Every fixed-width type of up to 8 bytes has the layout of the unsigned integer
     // of its width; read it as that.
-    let as_type = match width {
-        1 => DataType::UInt8,
-        2 => DataType::UInt16,
-        4 => DataType::UInt32,
-        _ => DataType::UInt64,
+    let as_type = match column.data_type().primitive_width() {
+        Some(1) => DataType::UInt8,
+        Some(2) => DataType::UInt16,
+        Some(4) => DataType::UInt32,
+        Some(8) => DataType::UInt64,
+        _ => {
+            return Err(JoinError::InvalidJoin(format!(
+                "internal: {} is not a word key",
+                column.data_type()
+            )))
+        }
     };
-    let Ok(data) = data.into_builder().data_type(as_type.clone()).build() else {
-        return Vec::new();
-    };
-    match as_type {
-        DataType::UInt8 => words(&PrimitiveArray::<UInt8Type>::from(data)),
-        DataType::UInt16 => words(&PrimitiveArray::<UInt16Type>::from(data)),
-        DataType::UInt32 => words(&PrimitiveArray::<UInt32Type>::from(data)),
-        _ => words(&PrimitiveArray::<UInt64Type>::from(data)),
-    }
+    let data = column
+        .to_data()
+        .into_builder()
+        .data_type(as_type.clone())
+        .build()?;
+    Ok(match as_type {
+        DataType::UInt8 => widen(&PrimitiveArray::<UInt8Type>::from(data)),
+        DataType::UInt16 => widen(&PrimitiveArray::<UInt16Type>::from(data)),
+        DataType::UInt32 => widen(&PrimitiveArray::<UInt32Type>::from(data)),
+        _ => return Ok((PrimitiveArray::<UInt64Type>::from(data).values().clone(), 0)),
+    })
+    .map(|words| {
+        let bytes = words.len() * 8;
+        (words, bytes)
+    })
 }
 
 /// Checks whether probe key `p` equals build key `b`.
 pub(crate) trait KeyEq {
+    /// Whether a candidate's stored hash should be compared before its key: worth it
+    /// only when comparing keys costs more than loading the hash (encoded rows).
+    /// Word keys compare directly, which keeps one array out of the chain walk.
+    const CHECK_HASH_FIRST: bool;
+
     /// Whether the keys are equal (both rows' keys are known to be comparable:
     /// under SQL null semantics, rows with null keys never get here).
     fn key_eq(&self, p: usize, b: usize) -> bool;
@@ -356,6 +385,8 @@ pub(crate) struct WordEq<'a> {
 }
 
 impl KeyEq for WordEq<'_> {
+    const CHECK_HASH_FIRST: bool = false;
+
     #[inline(always)]
     fn key_eq(&self, p: usize, b: usize) -> bool {
         self.probe[p] == self.build[b]
@@ -371,6 +402,8 @@ pub(crate) struct NullableWordEq<'a> {
 }
 
 impl KeyEq for NullableWordEq<'_> {
+    const CHECK_HASH_FIRST: bool = false;
+
     #[inline(always)]
     fn key_eq(&self, p: usize, b: usize) -> bool {
         let pv = self.probe_valid.is_none_or(|v| v.is_valid(p));
@@ -386,6 +419,8 @@ pub(crate) struct RowsEq<'a> {
 }
 
 impl KeyEq for RowsEq<'_> {
+    const CHECK_HASH_FIRST: bool = true;
+
     #[inline(always)]
     fn key_eq(&self, p: usize, b: usize) -> bool {
         self.probe.row(p) == self.build.row(b)

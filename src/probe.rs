@@ -456,10 +456,12 @@ impl<'a> Prober<'a> {
                 KeyRepr::Words {
                     words: pw,
                     valid: pv,
+                    ..
                 },
                 KeyRepr::Words {
                     words: bw,
                     valid: bv,
+                    ..
                 },
             ) => {
                 if self.plan.keys.null_equality == NullEquality::NullEqualsNull
@@ -526,8 +528,12 @@ impl<'a> Prober<'a> {
                 for (&r, &first) in rows[range.clone()].iter().zip(&firsts) {
                     let r = r as usize;
                     let hash = self.hashes[r];
-                    part.table
-                        .for_each_candidate_from(first, hash, &part.hashes, |b| {
+                    part.table.for_each_candidate_from(
+                        first,
+                        hash,
+                        &part.hashes,
+                        E::CHECK_HASH_FIRST,
+                        |b| {
                             if !eq.key_eq(r, b) {
                                 return ControlFlow::Continue(());
                             }
@@ -542,7 +548,8 @@ impl<'a> Prober<'a> {
                             } else {
                                 ControlFlow::Continue(())
                             }
-                        });
+                        },
+                    );
                 }
                 return Ok(());
             }
@@ -551,15 +558,20 @@ impl<'a> Prober<'a> {
                 let r = r as usize;
                 let hash = self.hashes[r];
                 let mut full = false;
-                part.table
-                    .for_each_candidate_from(first, hash, &part.hashes, |b| {
+                part.table.for_each_candidate_from(
+                    first,
+                    hash,
+                    &part.hashes,
+                    E::CHECK_HASH_FIRST,
+                    |b| {
                         if eq.key_eq(r, b) {
                             self.pair_probe.push(r as u32);
                             self.pair_build.push(b as u32);
                             full = self.pair_probe.len() >= batch_size;
                         }
                         ControlFlow::Continue(())
-                    });
+                    },
+                );
                 // A hot key may add many pairs at once; flush in bounded slices.
                 if full {
                     self.flush_pairs(batch, part, p, sink)?;

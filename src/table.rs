@@ -90,7 +90,7 @@ impl ChainedTable {
         hashes: &[u64],
         f: impl FnMut(usize) -> std::ops::ControlFlow<()>,
     ) {
-        self.for_each_candidate_from(self.first(hash), hash, hashes, f)
+        self.for_each_candidate_from(self.first(hash), hash, hashes, true, f)
     }
 
     /// Looks up the first entries of many hashes at once. The loads are independent,
@@ -104,19 +104,21 @@ impl ChainedTable {
     }
 
     /// Like [`for_each_candidate`](Self::for_each_candidate), from a first entry
-    /// already looked up.
+    /// already looked up. With `check_hash` false every row of the chain is a
+    /// candidate (the caller compares keys, which implies equal hashes).
     #[inline(always)]
     pub fn for_each_candidate_from(
         &self,
         first: u32,
         hash: u64,
         hashes: &[u64],
+        check_hash: bool,
         mut f: impl FnMut(usize) -> std::ops::ControlFlow<()>,
     ) {
         let mut entry = first;
         while entry != 0 {
             let row = entry as usize - 1;
-            if hashes[row] == hash && f(row).is_break() {
+            if (!check_hash || hashes[row] == hash) && f(row).is_break() {
                 return;
             }
             entry = self.next(row);

@@ -373,6 +373,10 @@ pub(crate) trait KeyEq {
     /// Word keys compare directly, which keeps one array out of the chain walk.
     const CHECK_HASH_FIRST: bool;
 
+    /// Hints that build row `b`'s key will be compared soon.
+    #[inline(always)]
+    fn prefetch_build(&self, _b: usize) {}
+
     /// Whether the keys are equal (both rows' keys are known to be comparable:
     /// under SQL null semantics, rows with null keys never get here).
     fn key_eq(&self, p: usize, b: usize) -> bool;
@@ -386,6 +390,13 @@ pub(crate) struct WordEq<'a> {
 
 impl KeyEq for WordEq<'_> {
     const CHECK_HASH_FIRST: bool = false;
+
+    #[inline(always)]
+    fn prefetch_build(&self, b: usize) {
+        if let Some(word) = self.build.get(b) {
+            crate::table::prefetch(word);
+        }
+    }
 
     #[inline(always)]
     fn key_eq(&self, p: usize, b: usize) -> bool {

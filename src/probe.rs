@@ -521,6 +521,14 @@ impl<'a> Prober<'a> {
             rows[range.clone()].iter().map(|&r| self.hashes[r as usize]),
             &mut firsts,
         );
+        // The first candidates' links and keys start loading now, so the walks
+        // below find them in cache (the lookups above already overlapped).
+        for &first in &firsts {
+            if first != 0 {
+                part.table.prefetch_link(first as usize - 1);
+                eq.prefetch_build(first as usize - 1);
+            }
+        }
         let result = (|| {
             if !has_filter && !resolved.emits_pairs() {
                 // Existence only: no pair is ever materialized.

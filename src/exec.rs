@@ -106,6 +106,15 @@ impl Ctx<'_> {
         )
     }
 
+    /// Sends what a sink still holds and counts its rows.
+    fn finish_sink(&self, sink: &mut OutputSink) -> Result<()> {
+        sink.finish()?;
+        self.metrics
+            .output_rows
+            .fetch_add(sink.rows(), Ordering::Relaxed);
+        Ok(())
+    }
+
     fn note_peak(&self) {
         self.metrics
             .peak_reserved_bytes
@@ -252,10 +261,7 @@ where
             }
             ctx.note_peak();
         }
-        sink.finish()?;
-        ctx.metrics
-            .output_rows
-            .fetch_add(sink.rows(), Ordering::Relaxed);
+        ctx.finish_sink(&mut sink)?;
         Ok(())
     })?;
     let facts = state.facts();
@@ -274,18 +280,12 @@ where
                 }
                 emit_build_rows(plan, &built, &state, p, &mut sink)?;
             }
-            sink.finish()?;
-            ctx.metrics
-                .output_rows
-                .fetch_add(sink.rows(), Ordering::Relaxed);
+            ctx.finish_sink(&mut sink)?;
             Ok(())
         })?;
         let mut sink = ctx.sink();
         emit_unmatchable(plan, &built.unmatchable, facts, &mut sink)?;
-        sink.finish()?;
-        ctx.metrics
-            .output_rows
-            .fetch_add(sink.rows(), Ordering::Relaxed);
+        ctx.finish_sink(&mut sink)?;
     }
     if level.depth == 0 {
         ctx.metrics
@@ -546,10 +546,7 @@ fn fallback(
             }
         }
     }
-    sink.finish()?;
-    ctx.metrics
-        .output_rows
-        .fetch_add(sink.rows(), Ordering::Relaxed);
+    ctx.finish_sink(&mut sink)?;
     Ok(())
 }
 

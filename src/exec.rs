@@ -30,7 +30,7 @@ use arrow_array::{BooleanArray, RecordBatch, RecordBatchOptions, UInt32Array};
 use arrow_buffer::ScalarBuffer;
 use arrow_schema::ArrowError;
 use crossbeam::channel::Sender;
-use spilljoin_memory::MemoryConsumer;
+use spilljoin_memory::{MemoryConsumer, MemoryReservation};
 use spilljoin_spill::{SpillError, SpillFile, SpillManager};
 
 use crate::build::{
@@ -228,6 +228,45 @@ where
     let start = Instant::now();
     let consumer = MemoryConsumer::new("spilljoin probe").register(&plan.pool);
     let state = ProbeState::new(ctx, level, &built, consumer.new_empty(), facts)?;
+    probe_phase(ctx, level, &built, &state, &consumer, probe)?;
+    let facts = state.facts();
+    if plan.resolved.emits_build_rows_at_end() {
+        emit_build_phase(ctx, &built, &state, facts)?;
+    }
+    if level.depth == 0 {
+        ctx.metrics
+            .probe_nanos
+            .store(start.elapsed().as_nanos() as u64, Ordering::Relaxed);
+    }
+
+    // Release this level's tables before joining what it spilled.
+    let probe_files = state.finish_spills(ctx)?;
+    let level_rows = built.num_rows;
+    let spilled = release_level(built);
+    drop(consumer);
+    let start = Instant::now();
+    join_spilled_pairs(ctx, level, level_rows, spilled, probe_files, facts)?;
+    if level.depth == 0 {
+        ctx.metrics
+            .spilled_nanos
+            .store(start.elapsed().as_nanos() as u64, Ordering::Relaxed);
+    }
+    Ok(facts)
+}
+
+/// Streams the probe input past `built` on every worker.
+fn probe_phase<P>(
+    ctx: &Ctx<'_>,
+    level: Level,
+    built: &BuiltSide,
+    state: &ProbeState,
+    consumer: &MemoryReservation,
+    probe: Vec<P>,
+) -> Result<()>
+where
+    P: Iterator<Item = Result<RecordBatch, ArrowError>> + Send,
+{
+    let plan = ctx.plan;
     let probe_input = InputStreams::new(probe);
     run_workers(plan.threads, ctx.cancel, || {
         let mut current = None;
@@ -237,7 +276,7 @@ where
             &mut reservation,
             Prober::bytes_for(plan.work_rows, plan.work_rows),
         )?;
-        let mut prober = Prober::new(ctx, level.bits, &built, &state);
+        let mut prober = Prober::new(ctx, level.bits, built, state);
         let mut sink = ctx.sink();
         loop {
             if ctx.cancel.load(Ordering::Relaxed) {
@@ -261,41 +300,42 @@ where
             }
             ctx.note_peak();
         }
-        ctx.finish_sink(&mut sink)?;
-        Ok(())
-    })?;
-    let facts = state.facts();
+        ctx.finish_sink(&mut sink)
+    })
+}
 
-    if plan.resolved.emits_build_rows_at_end() {
-        let next = AtomicUsize::new(0);
-        run_workers(plan.threads, ctx.cancel, || {
-            let mut sink = ctx.sink();
-            loop {
-                let p = next.fetch_add(1, Ordering::Relaxed);
-                if p >= built.partitions.len() {
-                    break;
-                }
-                if ctx.cancel.load(Ordering::Relaxed) {
-                    return Err(JoinError::Cancelled);
-                }
-                emit_build_rows(plan, &built, &state, p, &mut sink)?;
-            }
-            ctx.finish_sink(&mut sink)?;
-            Ok(())
-        })?;
+/// Outputs the build rows the join keeps (in-memory partitions and unmatchable
+/// rows), once every probe worker is done.
+fn emit_build_phase(
+    ctx: &Ctx<'_>,
+    built: &BuiltSide,
+    state: &ProbeState,
+    facts: Facts,
+) -> Result<()> {
+    let plan = ctx.plan;
+    let next = AtomicUsize::new(0);
+    run_workers(plan.threads, ctx.cancel, || {
         let mut sink = ctx.sink();
-        emit_unmatchable(plan, &built.unmatchable, facts, &mut sink)?;
-        ctx.finish_sink(&mut sink)?;
-    }
-    if level.depth == 0 {
-        ctx.metrics
-            .probe_nanos
-            .store(start.elapsed().as_nanos() as u64, Ordering::Relaxed);
-    }
+        loop {
+            let p = next.fetch_add(1, Ordering::Relaxed);
+            if p >= built.partitions.len() {
+                break;
+            }
+            if ctx.cancel.load(Ordering::Relaxed) {
+                return Err(JoinError::Cancelled);
+            }
+            emit_build_rows(plan, built, state, p, &mut sink)?;
+        }
+        ctx.finish_sink(&mut sink)
+    })?;
+    let mut sink = ctx.sink();
+    emit_unmatchable(plan, &built.unmatchable, facts, &mut sink)?;
+    ctx.finish_sink(&mut sink)
+}
 
-    // Release this level's tables before joining what it spilled.
-    let mut probe_files = state.finish_spills(ctx)?;
-    let level_rows = built.num_rows;
+/// Frees a level's tables, bloom filters and reservation, and returns the files of
+/// its spilled partitions.
+fn release_level(built: BuiltSide) -> Vec<(usize, SpillFile)> {
     // (A struct destructured with `..` keeps its other fields alive to the end of the
     // scope: name and drop each one.)
     let BuiltSide {
@@ -305,30 +345,36 @@ where
         ..
     } = built;
     drop(unmatchable);
-    let spilled: Vec<(usize, SpillFile)> = partitions
+    let spilled = partitions
         .into_iter()
         .enumerate()
         .filter_map(|(p, part)| match part {
-            // The bloom filter has done its work: drop it with the tables.
             Partition::Spilled(s) => Some((p, s.file)),
             Partition::InMemory(_) => None,
         })
         .collect();
     drop(_reservation);
-    drop(consumer);
-    let start = Instant::now();
+    spilled
+}
+
+/// Joins each spilled (build, probe) pair of a level, one at a time, building on the
+/// smaller side when the plan allows it.
+fn join_spilled_pairs(
+    ctx: &Ctx<'_>,
+    level: Level,
+    level_rows: u64,
+    spilled: Vec<(usize, SpillFile)>,
+    mut probe_files: Vec<Option<SpillFile>>,
+    facts: Facts,
+) -> Result<()> {
+    let plan = ctx.plan;
     for (p, build_file) in spilled {
         let probe_file = probe_files[p].take();
         if probe_file.is_none() && !plan.resolved.emits_build_rows_at_end() {
             continue; // no probe row can meet these build rows, and none is output
         }
-        // Build on the smaller side of the pair, now that both sizes are known.
-        let swap = match (&plan.mirror, &probe_file) {
-            (Some(mirror), Some(probe)) if probe.bytes() < build_file.bytes() => Some(mirror),
-            _ => None,
-        };
-        match swap {
-            Some(mirror) => {
+        match (&plan.mirror, probe_file) {
+            (Some(mirror), Some(probe_file)) if probe_file.bytes() < build_file.bytes() => {
                 ctx.metrics.swapped_pairs.fetch_add(1, Ordering::Relaxed);
                 let swapped = Ctx {
                     plan: mirror,
@@ -337,12 +383,16 @@ where
                     cancel: ctx.cancel,
                     metrics: ctx.metrics,
                 };
-                let probe = probe_file.as_ref().map(|f| (f, Some(&build_file)));
-                if let Some((new_build, new_probe)) = probe {
-                    join_pair(&swapped, level, level_rows, new_build, new_probe, facts)?;
-                }
+                join_pair(
+                    &swapped,
+                    level,
+                    level_rows,
+                    &probe_file,
+                    Some(&build_file),
+                    facts,
+                )?;
             }
-            None => join_pair(
+            (_, probe_file) => join_pair(
                 ctx,
                 level,
                 level_rows,
@@ -352,12 +402,7 @@ where
             )?,
         }
     }
-    if level.depth == 0 {
-        ctx.metrics
-            .spilled_nanos
-            .store(start.elapsed().as_nanos() as u64, Ordering::Relaxed);
-    }
-    Ok(facts)
+    Ok(())
 }
 
 /// Joins one spilled pair: at the next level, or in chunks when it cannot split.

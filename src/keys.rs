@@ -155,16 +155,8 @@ impl KeySpec {
     /// # Errors
     /// Arrow errors from decoding dictionaries or encoding rows.
     pub fn evaluate(&self, batch: &RecordBatch, build_side: bool) -> Result<Keys> {
-        let indices = if build_side {
-            &self.build_columns
-        } else {
-            &self.probe_columns
-        };
-        let columns = indices
-            .iter()
-            .map(|&i| normalize(batch.column(i)))
-            .collect::<Result<Vec<_>>>()?;
-        self.keys_of(columns)
+        let (columns, nulls) = self.evaluate_columns(batch, build_side)?;
+        self.keys_with_nulls(columns, nulls)
     }
 
     /// The normalized key columns of a batch and the rows with a null key, without
@@ -193,6 +185,10 @@ impl KeySpec {
     /// Builds [`Keys`] from normalized columns.
     pub fn keys_of(&self, columns: Vec<ArrayRef>) -> Result<Keys> {
         let nulls = null_rows(&columns);
+        self.keys_with_nulls(columns, nulls)
+    }
+
+    fn keys_with_nulls(&self, columns: Vec<ArrayRef>, nulls: Option<NullBuffer>) -> Result<Keys> {
         let repr = match &self.converter {
             None => {
                 let (words, owned_bytes) = words_of(columns[0].as_ref())?;

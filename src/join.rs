@@ -244,7 +244,11 @@ impl HashJoinBuilder {
                 )))
             }
             Some(bits) => bits,
-            None => partition_bits_for(self.build_size_hint_bytes, pool.limit().bytes()),
+            None => partition_bits_for(
+                self.build_size_hint_bytes,
+                pool.limit().bytes(),
+                self.threads,
+            ),
         };
         let bits = HashBits::new(partition_bits);
         let mut plan = self.plan_for(build, Arc::clone(&pool), bits)?;
@@ -311,16 +315,29 @@ impl HashJoinBuilder {
 /// [`DEFAULT_PARTITION_BITS`] (enough partitions for every thread to build tables in
 /// parallel, and for spilling to keep most of a build that almost fits) and at most
 /// [`MAX_PARTITION_BITS`] — and no more than a quarter of the limit can buffer
-/// (about 32 KiB per spilled partition). Unknown sizes or no limit give the default;
-/// a partition that still does not fit is split again at the next level.
-pub fn partition_bits_for(build_size_hint_bytes: Option<u64>, limit_bytes: usize) -> u32 {
+/// (about 32 KiB per spilled partition). A build that fits eight times over gets two
+/// partitions per thread (at most [`DEFAULT_PARTITION_BITS`] bits). Unknown sizes or
+/// no limit give the default; a partition that still does not fit is split again at
+/// the next level.
+pub fn partition_bits_for(
+    build_size_hint_bytes: Option<u64>,
+    limit_bytes: usize,
+    threads: usize,
+) -> u32 {
     let Some(build) = build_size_hint_bytes else {
         return DEFAULT_PARTITION_BITS;
     };
     if limit_bytes == usize::MAX || limit_bytes == 0 {
         return DEFAULT_PARTITION_BITS;
     }
-    let ratio = (8.0 * build as f64 / limit_bytes as f64).max(1.0);
+    let ratio = 8.0 * build as f64 / limit_bytes as f64;
+    if ratio <= 1.0 {
+        // The build fits eight times over: partitions only need to keep every thread
+        // busy building tables. Fewer, larger fragments halve the scatter's
+        // per-fragment overhead (SF10 orders build 0.73 s with 16 partitions, 0.63 s
+        // with 2).
+        return (threads.max(1).next_power_of_two().ilog2() + 1).min(DEFAULT_PARTITION_BITS);
+    }
     let wanted = (ratio.log2().ceil() as u32).clamp(DEFAULT_PARTITION_BITS, MAX_PARTITION_BITS);
     // Every spilled partition keeps a writer and a few pieces per side in memory
     // (about 32 KiB); under a tiny limit, fewer partitions (split again at the next

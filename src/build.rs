@@ -699,6 +699,27 @@ impl<'a> BuildCollector<'a> {
         let headroom = (per_worker * plan.threads).min(plan.pool.limit().bytes() / 2);
         let mut headroom_reservation = self.base.new_empty();
         self.reserve(&mut headroom_reservation, headroom)?;
+        // Concatenating a partition's fragments needs a second copy of it while both
+        // exist. Partitions are finished `threads` at a time when there is room for
+        // the largest `threads` copies; otherwise one at a time, with room for one.
+        let mut largest: Vec<usize> = lock(&self.state)
+            .partitions
+            .iter()
+            .filter(|p| p.writer.is_none() && p.fragments.len() > 1)
+            .map(|p| p.bytes)
+            .collect();
+        largest.sort_unstable_by(|a, b| b.cmp(a));
+        let mut concat_reservation = self.base.new_empty();
+        let parallel: usize = largest.iter().take(plan.threads).sum();
+        let finish_threads = if concat_reservation.try_grow(parallel).is_ok() {
+            plan.threads
+        } else {
+            self.reserve(
+                &mut concat_reservation,
+                largest.first().copied().unwrap_or(0),
+            )?;
+            1
+        };
         // Tables for the in-memory partitions, smallest first; spill the largest
         // remaining partitions while they do not fit.
         let mut tables = self.base.new_empty();
@@ -753,7 +774,7 @@ impl<'a> BuildCollector<'a> {
             .collect();
         let built: Vec<Mutex<Option<Partition>>> = (0..fan_out).map(|_| Mutex::default()).collect();
         let next = AtomicUsize::new(0);
-        run_workers(plan.threads, self.ctx.cancel, || loop {
+        run_workers(finish_threads, self.ctx.cancel, || loop {
             let p = next.fetch_add(1, Ordering::Relaxed);
             if p >= fan_out {
                 return Ok(());
@@ -796,6 +817,7 @@ impl<'a> BuildCollector<'a> {
             };
             *lock(&built[p]) = Some(partition);
         })?;
+        drop(concat_reservation);
         let partitions = built
             .into_iter()
             .map(|slot| {
@@ -838,20 +860,16 @@ impl<'a> BuildCollector<'a> {
 }
 
 /// The bytes finishing an in-memory partition needs on top of its fragments: the
-/// concatenated batch while both exist, the key encoding and the table.
+/// key encoding and the table (the transient concatenated copy is reserved for a
+/// few partitions at a time, in `finish`).
 fn finish_bytes(plan: &JoinPlan, part: &PartitionBuffer) -> usize {
     let rows = part.rows;
-    let concat = if part.fragments.len() > 1 {
-        part.bytes
-    } else {
-        0
-    };
     let keys = if plan.keys.is_word_key() {
         rows * 9
     } else {
         part.bytes / 2 + rows * 12
     };
-    concat + keys + ChainedTable::size_for(rows)
+    keys + ChainedTable::size_for(rows)
 }
 
 /// Reads the whole build input of one level into partitions, spilling as needed, and

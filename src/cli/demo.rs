@@ -66,15 +66,16 @@ pub fn run(args: &DemoArgs) -> Result<()> {
         args.orders,
         dir.display()
     );
-    eprintln!(
-        "demo: spilljoin join --left {} --right {} --on l_orderkey=o_orderkey",
-        lineitem.display(),
-        orders.display()
-    );
     // Unless told otherwise, the demo runs under a limit well below the build side's
     // size, so that it spills and shows it.
     let mut run = args.run.clone();
-    run.memory_limit = run.memory_limit.or(Some(DEMO_MEMORY_LIMIT_BYTES));
+    let limit = run.memory_limit.unwrap_or(DEMO_MEMORY_LIMIT_BYTES);
+    run.memory_limit = Some(limit);
+    eprintln!(
+        "demo: spilljoin join --left {} --right {} --on l_orderkey=o_orderkey --memory-limit {limit}",
+        lineitem.display(),
+        orders.display()
+    );
     run_join(
         &ParquetInput::open(&lineitem)?,
         &ParquetInput::open(&orders)?,

@@ -22,16 +22,16 @@
 //! a partition if memory runs out), the others drop them.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 
-use arrow_array::{Array, ArrayRef, RecordBatch, UInt32Array, UInt64Array};
-use arrow_buffer::ScalarBuffer;
-use arrow_schema::{ArrowError, DataType, Field, Schema, SchemaRef};
+use arrow_array::{RecordBatch, UInt32Array};
+use arrow_schema::{ArrowError, SchemaRef};
 use arrow_select::concat::concat_batches;
 use arrow_select::take::take_record_batch;
 use spilljoin_memory::{MemoryConsumer, MemoryReservation};
 use spilljoin_spill::{SpillFile, SpillWriter, WRITE_BUFFER_BYTES};
 
+use crate::batches::{attach_hashes, batch_bytes, lock, pieces, run_workers, with_hash_column};
 use crate::bloom::Bloom;
 use crate::error::{JoinError, Result};
 use crate::exec::{Ctx, Level};
@@ -42,9 +42,6 @@ use crate::partition::PartitionedRows;
 use crate::plan::JoinPlan;
 use crate::probe::Prober;
 use crate::table::{ChainedTable, MAX_TABLE_ROWS};
-
-/// The name of the column that carries each row's key hash in spill files.
-pub const HASH_COLUMN: &str = "__spilljoin_hash";
 
 /// One partition of the build side, ready to probe.
 #[derive(Debug)]
@@ -101,114 +98,6 @@ pub(crate) struct BuiltSide {
     pub _reservation: MemoryReservation,
 }
 
-/// Bytes of a batch, as the pool counts them: the bytes its rows use, so that a slice
-/// of a large batch counts as its share, not as the whole.
-pub(crate) fn batch_bytes(batch: &RecordBatch) -> usize {
-    batch
-        .columns()
-        .iter()
-        .map(|c| {
-            c.to_data()
-                .get_slice_memory_size()
-                .unwrap_or_else(|_| c.get_array_memory_size())
-        })
-        .sum::<usize>()
-        + batch.num_columns() * 64
-}
-
-/// The schema of spill files of an input: its columns and [`HASH_COLUMN`].
-pub(crate) fn with_hash_column(schema: &Schema) -> SchemaRef {
-    let mut fields: Vec<Field> = schema.fields().iter().map(|f| f.as_ref().clone()).collect();
-    fields.push(Field::new(HASH_COLUMN, DataType::UInt64, false));
-    Arc::new(Schema::new(fields))
-}
-
-/// Appends `hashes` to `batch` as [`HASH_COLUMN`].
-pub(crate) fn attach_hashes(
-    batch: &RecordBatch,
-    hashes: Vec<u64>,
-    schema: &SchemaRef,
-) -> Result<RecordBatch> {
-    let mut columns: Vec<ArrayRef> = batch.columns().to_vec();
-    columns.push(Arc::new(UInt64Array::from(hashes)));
-    Ok(RecordBatch::try_new(Arc::clone(schema), columns)?)
-}
-
-/// Splits [`HASH_COLUMN`] off a batch read from a spill file.
-pub(crate) fn detach_hashes(batch: &RecordBatch) -> Result<(RecordBatch, ScalarBuffer<u64>)> {
-    let last = batch.num_columns().checked_sub(1).ok_or_else(|| {
-        JoinError::InvalidJoin("internal: a spilled batch has no hash column".into())
-    })?;
-    let hashes = batch
-        .column(last)
-        .as_any()
-        .downcast_ref::<UInt64Array>()
-        .filter(|h| h.null_count() == 0)
-        .ok_or_else(|| {
-            JoinError::InvalidJoin("internal: a spilled batch has a bad hash column".into())
-        })?
-        .values()
-        .clone();
-    let columns: Vec<usize> = (0..last).collect();
-    Ok((batch.project(&columns)?, hashes))
-}
-
-pub(crate) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    // A poisoned lock means another worker panicked; that panic is reported on its
-    // own (JoinError::WorkerPanicked) and the join stops.
-    mutex
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
-}
-
-/// Runs `worker` on `threads` threads and returns the first error.
-pub(crate) fn run_workers(
-    threads: usize,
-    cancel: &AtomicBool,
-    worker: impl Fn() -> Result<()> + Sync,
-) -> Result<()> {
-    let results: Vec<Result<()>> = std::thread::scope(|scope| {
-        let handles: Vec<_> = (0..threads.max(1))
-            .map(|_| {
-                scope.spawn(|| {
-                    let result = worker();
-                    if result.is_err() {
-                        cancel.store(true, Ordering::Relaxed);
-                    }
-                    result
-                })
-            })
-            .collect();
-        handles
-            .into_iter()
-            .map(|h| {
-                h.join().unwrap_or_else(|panic| {
-                    cancel.store(true, Ordering::Relaxed);
-                    Err(JoinError::WorkerPanicked(panic_message(&panic)))
-                })
-            })
-            .collect()
-    });
-    // Prefer a real error over the `Cancelled` that other workers saw because of it.
-    let mut first = None;
-    for result in results {
-        if let Err(e) = result {
-            if matches!(first, None | Some(JoinError::Cancelled)) {
-                first = Some(e);
-            }
-        }
-    }
-    first.map_or(Ok(()), Err)
-}
-
-pub(crate) fn panic_message(panic: &Box<dyn std::any::Any + Send>) -> String {
-    panic
-        .downcast_ref::<&str>()
-        .map(|s| s.to_string())
-        .or_else(|| panic.downcast_ref::<String>().cloned())
-        .unwrap_or_else(|| "unknown panic".into())
-}
-
 /// A partition's rows while the build input is still coming.
 #[derive(Debug, Default)]
 pub(crate) struct PartitionBuffer {
@@ -251,25 +140,6 @@ struct CollectScratch {
     mine: MemoryReservation,
     hashes: Vec<u64>,
     grouped: PartitionedRows,
-}
-
-/// A batch in pieces of at most `rows` rows (zero-copy slices), with the matching
-/// slices of its stored hashes: a caller's huge batch is reserved a piece at a time.
-pub(crate) fn pieces<'a>(
-    batch: &'a RecordBatch,
-    hashes: Option<&'a ScalarBuffer<u64>>,
-    rows: usize,
-) -> impl Iterator<Item = (RecordBatch, Option<ScalarBuffer<u64>>)> + 'a {
-    let n = batch.num_rows();
-    let rows = rows.max(1);
-    // An empty batch still counts as one (empty) piece.
-    (0..n.max(1)).step_by(rows).map(move |offset| {
-        let len = rows.min(n - offset.min(n));
-        (
-            batch.slice(offset.min(n), len),
-            hashes.map(|h| h.slice(offset.min(n), len)),
-        )
-    })
 }
 
 /// Everything the build workers share.

@@ -33,9 +33,9 @@ use crossbeam::channel::Sender;
 use spilljoin_memory::{MemoryConsumer, MemoryReservation};
 use spilljoin_spill::{SpillError, SpillFile, SpillManager};
 
+use crate::batches::{batch_bytes, detach_hashes, pieces, run_workers, with_hash_column};
 use crate::build::{
-    batch_bytes, build_side, detach_hashes, finish_partition, pieces, run_workers,
-    with_hash_column, BuiltSide, Partition, PartitionBuffer, Unmatchable,
+    build_side, finish_partition, BuiltSide, Partition, PartitionBuffer, Unmatchable,
 };
 use crate::error::{JoinError, Result, Side};
 use crate::join::InputStreams;
@@ -606,7 +606,7 @@ fn attach_back(
     batch: &RecordBatch,
     hashes: &ScalarBuffer<u64>,
 ) -> Result<RecordBatch> {
-    crate::build::attach_hashes(
+    crate::batches::attach_hashes(
         batch,
         hashes.to_vec(),
         &with_hash_column(&plan.build_schema),

@@ -17,7 +17,7 @@ use crossbeam::channel::{bounded, Receiver};
 use spilljoin_memory::{MemoryPool, UnboundedMemoryPool};
 use spilljoin_spill::{SpillConfig, SpillManager};
 
-use crate::build::panic_message;
+use crate::batches::panic_message;
 use crate::error::{JoinError, Result, Side};
 use crate::exec::{run, Ctx, SharedMetrics};
 use crate::filter::{JoinFilter, ResolvedFilter};

@@ -11,17 +11,25 @@
 //!                                                                      │
 //!                                      output batches ◄─ gather (take) ◄┘
 //!  end: unmatched / semi / anti / mark build rows from per-execution visited bits
+//!
+//!  when a reservation fails: the largest partition goes to an IPC spill file; probe
+//!  rows of spilled partitions follow it to disk (unless a bloom filter rules them
+//!  out); each spilled pair is joined afterwards at the next level of hash bits
 //! ```
 //!
 //! Every buffer that grows with the input is reserved from a
 //! [`MemoryPool`](spilljoin_memory::MemoryPool) first. Modules, one concept each:
 //! [`keys`] (key columns, types, equality), [`hash`] (xxh3 per column),
-//! [`partition`] (radix bits), [`table`] (chained hash table), `build`, `probe`,
-//! [`filter`] (residual predicates), `output` (layout and batching), [`join_type`].
+//! [`partition`] (radix bits), [`table`] (chained hash table), `build` (the build
+//! phase and the spill trigger), `probe` (the probe phase and routing to spilled
+//! partitions), `exec` (levels, spilled pairs, the chunked fallback), `bloom`,
+//! `batches` (batch sizes, the spill files' hash column, workers), [`filter`]
+//! (residual predicates), `output` (layout and batching), [`join_type`].
 //!
 //! Start at [`HashJoinBuilder`].
 #![warn(missing_docs)]
 
+mod batches;
 mod bloom;
 mod build;
 mod error;

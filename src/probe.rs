@@ -27,11 +27,9 @@ use arrow_select::take::take_record_batch;
 use spilljoin_memory::MemoryReservation;
 use spilljoin_spill::{SpillFile, SpillWriter, WRITE_BUFFER_BYTES};
 
+use crate::batches::{attach_hashes, batch_bytes, lock, with_hash_column};
 use crate::bloom::Bloom;
-use crate::build::{
-    attach_hashes, batch_bytes, lock, with_hash_column, BuiltPartition, BuiltSide, Partition,
-    Unmatchable,
-};
+use crate::build::{BuiltPartition, BuiltSide, Partition, Unmatchable};
 use crate::error::{JoinError, Result};
 use crate::exec::{Ctx, Facts, Level};
 use crate::hash::hash_keys;

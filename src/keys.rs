@@ -8,10 +8,10 @@
 //!
 //! Candidate pairs found through the hash table are checked for key equality before
 //! they count. Two representations make that check cheap:
-//! - [`KeyRepr::Words`]: one key column of a fixed-width type of at most 8 bytes
+//! - `KeyRepr::Words`: one key column of a fixed-width type of at most 8 bytes
 //!   (integers, floats, dates, times, timestamps, booleans) — each row's key is one
 //!   `u64`, compared directly;
-//! - [`KeyRepr::Rows`]: anything else (several columns, strings, binaries, decimals) —
+//! - `KeyRepr::Rows`: anything else (several columns, strings, binaries, decimals) —
 //!   each row's key is encoded with `arrow-row` and compared as bytes.
 
 use std::sync::Arc;

@@ -31,6 +31,9 @@ struct Case {
     threads: usize,
     partition_bits: u32,
     input_rows: usize,
+    /// Fraction of partitions spilled whatever the memory (0: only what
+    /// `SPILLJOIN_FORCE_SPILL` says), so half the cases run through the spill path.
+    force_spill: f64,
 }
 
 fn random_case(case: u64) -> (u64, Case) {
@@ -70,6 +73,7 @@ fn random_case(case: u64) -> (u64, Case) {
             threads: rng.random_range(1..=4),
             partition_bits: [0, 1, 2, 4, 8][rng.random_range(0..5)],
             input_rows: rng.random_range(1..=30),
+            force_spill: [0.0, 0.0, 0.5, 1.0][rng.random_range(0..4)],
         },
     )
 }
@@ -78,7 +82,7 @@ fn run_case(case: u64) {
     let (seed, c) = random_case(case);
     let context = || {
         format!(
-            "case {case} (seed {seed}): {} keys {:?} filter={} {:?} batch={} threads={} bits={} left={} right={}\n\
+            "case {case} (seed {seed}): {} keys {:?} filter={} {:?} batch={} threads={} bits={} force_spill={} left={} right={}\n\
              replay: SPILLJOIN_CASE={case} cargo test --test join_reference random_joins_match_the_reference",
             c.join_type,
             c.left.schema().fields().iter().take(c.keys.len()).map(|f| f.data_type().to_string()).collect::<Vec<_>>(),
@@ -87,6 +91,7 @@ fn run_case(case: u64) {
             c.batch_size,
             c.threads,
             c.partition_bits,
+            c.force_spill,
             c.left.num_rows(),
             c.right.num_rows(),
         )
@@ -115,6 +120,9 @@ fn run_case(case: u64) {
         .with_memory_pool(Arc::clone(&pool));
     if c.filter {
         builder = builder.with_filter(less_than_filter(&ls, &rs));
+    }
+    if c.force_spill > 0.0 {
+        builder = builder.with_force_spill(c.force_spill);
     }
     let join = builder
         .build()

@@ -13,6 +13,10 @@ use arrow_array::{Array, ArrayRef, RecordBatch, UInt64Array};
 use arrow_buffer::ScalarBuffer;
 use arrow_schema::{DataType, Field, Schema, SchemaRef};
 
+use std::sync::atomic::AtomicU64;
+
+use spilljoin_spill::SpillWriter;
+
 use crate::error::{JoinError, Result};
 
 /// The name of the column that carries each row's key hash in spill files.
@@ -143,4 +147,22 @@ pub(crate) fn pieces<'a>(
             hashes.map(|h| h.slice(offset.min(n), len)),
         )
     })
+}
+
+/// Writes `batch` to a spill file and adds its rows and the bytes written to the two
+/// counters (the build's or the probe's).
+///
+/// # Errors
+/// The writer's error (disk full, quota reached).
+pub(crate) fn write_counted(
+    writer: &mut SpillWriter,
+    batch: &RecordBatch,
+    rows_counter: &AtomicU64,
+    bytes_counter: &AtomicU64,
+) -> Result<()> {
+    let before = writer.bytes_written();
+    writer.write(batch)?;
+    bytes_counter.fetch_add(writer.bytes_written() - before, Ordering::Relaxed);
+    rows_counter.fetch_add(batch.num_rows() as u64, Ordering::Relaxed);
+    Ok(())
 }

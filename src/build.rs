@@ -31,7 +31,9 @@ use arrow_select::take::take_record_batch;
 use spilljoin_memory::{MemoryConsumer, MemoryReservation};
 use spilljoin_spill::{SpillFile, SpillWriter, WRITE_BUFFER_BYTES};
 
-use crate::batches::{attach_hashes, batch_bytes, lock, pieces, run_workers, with_hash_column};
+use crate::batches::{
+    attach_hashes, batch_bytes, lock, pieces, run_workers, with_hash_column, write_counted,
+};
 use crate::bloom::Bloom;
 use crate::error::{JoinError, Result};
 use crate::exec::{Ctx, Level};
@@ -333,22 +335,20 @@ impl<'a> BuildCollector<'a> {
         };
         let transient = batch_bytes(&merged);
         reservation.grow(transient);
-        let writer = part.writer.as_mut().ok_or_else(|| {
-            JoinError::InvalidJoin("internal: flushing an unspilled partition".into())
-        });
-        let written = writer.and_then(|w| {
-            let before = w.bytes_written();
-            w.write(&merged)?;
-            Ok(w.bytes_written() - before)
-        });
-        reservation.shrink(transient);
         let metrics = &self.ctx.metrics;
-        metrics
-            .build_rows_spilled
-            .fetch_add(merged.num_rows() as u64, Ordering::Relaxed);
-        metrics
-            .build_bytes_spilled
-            .fetch_add(written?, Ordering::Relaxed);
+        let written = match part.writer.as_mut() {
+            Some(w) => write_counted(
+                w,
+                &merged,
+                &metrics.build_rows_spilled,
+                &metrics.build_bytes_spilled,
+            ),
+            None => Err(JoinError::InvalidJoin(
+                "internal: flushing an unspilled partition".into(),
+            )),
+        };
+        reservation.shrink(transient);
+        written?;
         Ok(())
     }
 
@@ -370,14 +370,12 @@ impl<'a> BuildCollector<'a> {
         }
         for (batch, _) in std::mem::take(&mut part.fragments) {
             if let Some(w) = part.writer.as_mut() {
-                let before = w.bytes_written();
-                w.write(&batch)?;
-                ctx.metrics
-                    .build_bytes_spilled
-                    .fetch_add(w.bytes_written() - before, Ordering::Relaxed);
-                ctx.metrics
-                    .build_rows_spilled
-                    .fetch_add(batch.num_rows() as u64, Ordering::Relaxed);
+                write_counted(
+                    w,
+                    &batch,
+                    &ctx.metrics.build_rows_spilled,
+                    &ctx.metrics.build_bytes_spilled,
+                )?;
             }
         }
         reservation.shrink(part.bytes);

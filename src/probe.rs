@@ -27,7 +27,7 @@ use arrow_select::take::take_record_batch;
 use spilljoin_memory::MemoryReservation;
 use spilljoin_spill::{SpillFile, SpillWriter, WRITE_BUFFER_BYTES};
 
-use crate::batches::{attach_hashes, batch_bytes, lock, with_hash_column};
+use crate::batches::{attach_hashes, batch_bytes, lock, with_hash_column, write_counted};
 use crate::bloom::Bloom;
 use crate::build::{BuiltPartition, BuiltSide, Partition, Unmatchable};
 use crate::error::{JoinError, Result};
@@ -253,14 +253,12 @@ impl ProbeState {
             .writer
             .as_mut()
             .ok_or_else(|| JoinError::InvalidJoin("internal: no writer".into()))?;
-        let before = writer.bytes_written();
-        writer.write(&merged)?;
-        ctx.metrics
-            .probe_bytes_spilled
-            .fetch_add(writer.bytes_written() - before, Ordering::Relaxed);
-        ctx.metrics
-            .probe_rows_spilled
-            .fetch_add(merged.num_rows() as u64, Ordering::Relaxed);
+        write_counted(
+            writer,
+            &merged,
+            &ctx.metrics.probe_rows_spilled,
+            &ctx.metrics.probe_bytes_spilled,
+        )?;
         spill.rows = 0;
         spill.reservation.free();
         if opened {

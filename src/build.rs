@@ -449,6 +449,11 @@ impl<'a> BuildCollector<'a> {
             };
             let (batch, stored_hashes) = self.level.split_input(plan, &batch, true)?;
             num_rows.fetch_add(batch.num_rows() as u64, Ordering::Relaxed);
+            if self.level.depth == 0 {
+                ctx.metrics
+                    .build_rows
+                    .fetch_add(batch.num_rows() as u64, Ordering::Relaxed);
+            }
             for (piece, hashes) in pieces(&batch, stored_hashes.as_ref(), plan.work_rows) {
                 self.collect_batch(&piece, hashes.as_deref(), has_null_key, &mut scratch)?;
             }

@@ -72,6 +72,48 @@ pub(crate) struct SharedMetrics {
     pub max_depth: AtomicU64,
     pub fallbacks: AtomicU64,
     pub swapped_pairs: AtomicU64,
+    pub phase: std::sync::atomic::AtomicU8,
+}
+
+impl SharedMetrics {
+    pub fn set_phase(&self, phase: JoinPhase) {
+        self.phase.store(phase as u8, Ordering::Relaxed);
+    }
+
+    pub fn phase(&self) -> JoinPhase {
+        match self.phase.load(Ordering::Relaxed) {
+            0 => JoinPhase::Build,
+            1 => JoinPhase::Probe,
+            2 => JoinPhase::SpilledPairs,
+            _ => JoinPhase::Done,
+        }
+    }
+}
+
+/// What a running join is doing (see [`crate::JoinMetrics::phase`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[repr(u8)]
+pub enum JoinPhase {
+    /// Reading the build input and building tables.
+    #[default]
+    Build = 0,
+    /// Streaming the probe input (and, at its end, emitting build rows).
+    Probe = 1,
+    /// Joining the partitions that were spilled, after the probe input ended.
+    SpilledPairs = 2,
+    /// Finished (or stopped).
+    Done = 3,
+}
+
+impl std::fmt::Display for JoinPhase {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            JoinPhase::Build => "build",
+            JoinPhase::Probe => "probe",
+            JoinPhase::SpilledPairs => "spilled partitions",
+            JoinPhase::Done => "done",
+        })
+    }
 }
 
 /// What every part of one execution shares.
@@ -216,9 +258,7 @@ where
     let start = Instant::now();
     let built = build_side(ctx, level, build)?;
     if level.depth == 0 {
-        ctx.metrics
-            .build_rows
-            .store(built.num_rows, Ordering::Relaxed);
+        ctx.metrics.set_phase(JoinPhase::Probe);
         ctx.metrics
             .build_nanos
             .store(start.elapsed().as_nanos() as u64, Ordering::Relaxed);
@@ -245,6 +285,9 @@ where
     let spilled = release_level(built);
     drop(consumer);
     let start = Instant::now();
+    if level.depth == 0 {
+        ctx.metrics.set_phase(JoinPhase::SpilledPairs);
+    }
     join_spilled_pairs(ctx, level, level_rows, spilled, probe_files, facts)?;
     if level.depth == 0 {
         ctx.metrics
@@ -630,5 +673,7 @@ where
         hashed_input: false,
         force_spill_fraction,
     };
-    run_level(ctx, level, build, probe, Facts::default()).map(|_| ())
+    let result = run_level(ctx, level, build, probe, Facts::default()).map(|_| ());
+    ctx.metrics.set_phase(JoinPhase::Done);
+    result
 }

@@ -19,7 +19,7 @@ use spilljoin_spill::{SpillConfig, SpillManager};
 
 use crate::batches::panic_message;
 use crate::error::{JoinError, Result, Side};
-use crate::exec::{run, Ctx, SharedMetrics};
+use crate::exec::{run, Ctx, JoinPhase, SharedMetrics};
 use crate::filter::{JoinFilter, ResolvedFilter};
 use crate::join_type::JoinType;
 use crate::keys::{KeySpec, NullEquality};
@@ -90,6 +90,34 @@ pub struct HashJoinBuilder {
     build_size_hint_bytes: Option<u64>,
     swap_spilled_pairs: bool,
     force_spill_fraction: Option<f64>,
+    statistics: (InputStatistics, InputStatistics),
+    swap_sides: bool,
+}
+
+/// What is known about an input's size before it is read: bytes of the columns the
+/// join reads (decoded, as Arrow), and rows. Either may be unknown.
+///
+/// The planner builds on the smaller input: it compares bytes when both sides have
+/// them, else rows when both have those; otherwise it does not swap (the right input
+/// builds).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct InputStatistics {
+    /// Bytes of the columns the join reads, as Arrow arrays, if known.
+    pub bytes: Option<u64>,
+    /// Rows, if known.
+    pub rows: Option<u64>,
+}
+
+impl InputStatistics {
+    /// Nothing known.
+    pub fn unknown() -> Self {
+        Self::default()
+    }
+
+    /// Known bytes and rows.
+    pub fn new(bytes: Option<u64>, rows: Option<u64>) -> Self {
+        Self { bytes, rows }
+    }
 }
 
 impl HashJoinBuilder {
@@ -117,6 +145,8 @@ impl HashJoinBuilder {
             build_size_hint_bytes: None,
             swap_spilled_pairs: true,
             force_spill_fraction: None,
+            statistics: Default::default(),
+            swap_sides: true,
         }
     }
 
@@ -202,6 +232,56 @@ impl HashJoinBuilder {
         self
     }
 
+    /// What is known of each input's size, for choosing the build side (the smaller
+    /// input builds; see [`InputStatistics`]). Without statistics the right input
+    /// builds. The build side's bytes also size the partition fan-out, unless
+    /// [`with_build_size_hint`](Self::with_build_size_hint) says otherwise.
+    pub fn with_statistics(mut self, left: InputStatistics, right: InputStatistics) -> Self {
+        self.statistics = (left, right);
+        self
+    }
+
+    /// Whether the planner may build on the left input when statistics show it is the
+    /// smaller (default: yes). With `false` the right input always builds. Either way
+    /// the output (columns, their order, the rows) is the same; only speed and memory
+    /// differ.
+    pub fn with_side_swap(mut self, swap: bool) -> Self {
+        self.swap_sides = swap;
+        self
+    }
+
+    /// The side that builds, and why.
+    fn choose_build_side(&self) -> (Side, String) {
+        if !self.swap_sides {
+            return (
+                Side::Right,
+                "the right input builds: side swapping is off".into(),
+            );
+        }
+        let (left, right) = self.statistics;
+        let (l, r, unit) = match (left.bytes, right.bytes, left.rows, right.rows) {
+            (Some(l), Some(r), _, _) => (l, r, "bytes"),
+            (_, _, Some(l), Some(r)) => (l, r, "rows"),
+            _ => {
+                return (
+                    Side::Right,
+                    "the right input builds: the inputs' sizes are not both known".into(),
+                )
+            }
+        };
+        if l < r {
+            (
+                Side::Left,
+                format!("the left input builds: it is smaller ({l} vs {r} {unit})"),
+            )
+        } else {
+            (
+                Side::Right,
+                format!("the right input builds: it is not larger ({r} vs {l} {unit})"),
+            )
+        }
+    }
+
     /// Validates the definition.
     ///
     /// # Errors
@@ -210,8 +290,7 @@ impl HashJoinBuilder {
     /// `NOT IN` with more than one key or with nulls-equal-nulls, a filter column out of
     /// range, too many partition bits).
     pub fn build(self) -> Result<HashJoin> {
-        // The build side is the right input; the planner may choose otherwise later.
-        let build = Side::Right;
+        let (build, build_side_reason) = self.choose_build_side();
         if self.join_type.is_null_aware() {
             if self.on.len() != 1 {
                 return Err(JoinError::InvalidJoin(format!(
@@ -245,7 +324,10 @@ impl HashJoinBuilder {
             }
             Some(bits) => bits,
             None => partition_bits_for(
-                self.build_size_hint_bytes,
+                self.build_size_hint_bytes.or(match build {
+                    Side::Left => self.statistics.0.bytes,
+                    Side::Right => self.statistics.1.bytes,
+                }),
                 pool.limit().bytes(),
                 self.threads,
             ),
@@ -259,6 +341,7 @@ impl HashJoinBuilder {
         }
         Ok(HashJoin {
             plan: Arc::new(plan),
+            build_side_reason: build_side_reason.into(),
         })
     }
 
@@ -356,12 +439,68 @@ const PER_PARTITION_SPILL_BYTES: usize = 32 * 1024;
 #[derive(Debug, Clone)]
 pub struct HashJoin {
     plan: Arc<JoinPlan>,
+    build_side_reason: Arc<str>,
+}
+
+/// Stops a running join from any thread: its stream then ends with
+/// [`JoinError::Cancelled`], and, as after any end, its reservations are released and
+/// its spill files removed once the stream is dropped or has ended.
+#[derive(Debug, Clone)]
+pub struct CancelHandle(Arc<AtomicBool>);
+
+impl CancelHandle {
+    /// Asks the join to stop. Workers notice between batches.
+    pub fn cancel(&self) {
+        self.0.store(true, Ordering::Relaxed);
+    }
+}
+
+/// Reads a running join's figures from any thread; see
+/// [`JoinStream::metrics_handle`].
+#[derive(Debug, Clone)]
+pub struct MetricsHandle {
+    metrics: Arc<SharedMetrics>,
+    pool: Arc<dyn MemoryPool>,
+}
+
+impl MetricsHandle {
+    /// The figures so far (final once the join has ended). Cheap: it reads
+    /// counters, so a progress display may call it often.
+    pub fn metrics(&self) -> JoinMetrics {
+        let m = &self.metrics;
+        JoinMetrics {
+            phase: m.phase(),
+            reserved_bytes: self.pool.reserved() as u64,
+            build_rows: m.build_rows.load(Ordering::Relaxed),
+            probe_rows: m.probe_rows.load(Ordering::Relaxed),
+            output_rows: m.output_rows.load(Ordering::Relaxed),
+            build_time: Duration::from_nanos(m.build_nanos.load(Ordering::Relaxed)),
+            probe_time: Duration::from_nanos(m.probe_nanos.load(Ordering::Relaxed)),
+            spilled_time: Duration::from_nanos(m.spilled_nanos.load(Ordering::Relaxed)),
+            peak_reserved_bytes: m.peak_reserved_bytes.load(Ordering::Relaxed),
+            build_rows_spilled: m.build_rows_spilled.load(Ordering::Relaxed),
+            build_bytes_spilled: m.build_bytes_spilled.load(Ordering::Relaxed),
+            probe_rows_spilled: m.probe_rows_spilled.load(Ordering::Relaxed),
+            probe_bytes_spilled: m.probe_bytes_spilled.load(Ordering::Relaxed),
+            probe_rows_skipped: m.probe_rows_skipped.load(Ordering::Relaxed),
+            spill_files: m.spill_files.load(Ordering::Relaxed),
+            partitions_spilled: m.partitions_spilled.load(Ordering::Relaxed),
+            max_depth: m.max_depth.load(Ordering::Relaxed),
+            fallbacks: m.fallbacks.load(Ordering::Relaxed),
+            swapped_pairs: m.swapped_pairs.load(Ordering::Relaxed),
+        }
+    }
 }
 
 /// Figures of one execution.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct JoinMetrics {
-    /// Build input rows.
+    /// What the join is doing now.
+    pub phase: JoinPhase,
+    /// Bytes the join's pool has reserved now (the pool's count, shared with anything
+    /// else that uses the pool).
+    pub reserved_bytes: u64,
+    /// Build input rows (so far, while building).
     pub build_rows: u64,
     /// Probe input rows.
     pub probe_rows: u64,
@@ -422,6 +561,16 @@ impl HashJoin {
     /// Which input builds.
     pub fn build_side(&self) -> Side {
         self.plan.build_side
+    }
+
+    /// Why that input builds, in a sentence (for `--explain`).
+    pub fn build_side_reason(&self) -> &str {
+        &self.build_side_reason
+    }
+
+    /// The memory limit of the join's pool in bytes (`usize::MAX` when unbounded).
+    pub fn memory_limit(&self) -> usize {
+        self.plan.pool.limit().bytes()
     }
 
     /// The spill manager given to the builder, if any.
@@ -496,11 +645,11 @@ impl HashJoin {
                         .unwrap_or_else(|panic| {
                             Err(JoinError::WorkerPanicked(panic_message(&panic)))
                         });
-                    match result {
-                        Ok(()) | Err(JoinError::Cancelled) => {}
-                        Err(e) => {
-                            let _ = sender.send(Err(e));
-                        }
+                    metrics.set_phase(JoinPhase::Done);
+                    // After a cancel from a `CancelHandle` the stream ends with the
+                    // error; after a drop nobody receives it.
+                    if let Err(e) = result {
+                        let _ = sender.send(Err(e));
                     }
                 })
                 .map_err(|source| JoinError::Io {
@@ -510,6 +659,7 @@ impl HashJoin {
         };
         Ok(JoinStream {
             schema: self.schema(),
+            pool: Arc::clone(&self.plan.pool),
             receiver: Some(receiver),
             cancel,
             handle: Some(handle),
@@ -588,6 +738,7 @@ impl<I: Iterator<Item = Result<RecordBatch, ArrowError>>> InputStreams<I> {
 #[derive(Debug)]
 pub struct JoinStream {
     schema: SchemaRef,
+    pool: Arc<dyn MemoryPool>,
     receiver: Option<Receiver<Result<RecordBatch>>>,
     cancel: Arc<AtomicBool>,
     handle: Option<JoinHandle<()>>,
@@ -601,27 +752,24 @@ impl JoinStream {
         Arc::clone(&self.schema)
     }
 
-    /// The figures so far (final once the stream has ended).
+    /// A handle that stops the join from another thread (a signal handler, a
+    /// timeout).
+    pub fn cancel_handle(&self) -> CancelHandle {
+        CancelHandle(Arc::clone(&self.cancel))
+    }
+
+    /// The figures so far (final once the stream has ended). Cheap: it reads
+    /// counters, so a progress display may call it often.
     pub fn metrics(&self) -> JoinMetrics {
-        let m = &self.metrics;
-        JoinMetrics {
-            build_rows: m.build_rows.load(Ordering::Relaxed),
-            probe_rows: m.probe_rows.load(Ordering::Relaxed),
-            output_rows: m.output_rows.load(Ordering::Relaxed),
-            build_time: Duration::from_nanos(m.build_nanos.load(Ordering::Relaxed)),
-            probe_time: Duration::from_nanos(m.probe_nanos.load(Ordering::Relaxed)),
-            spilled_time: Duration::from_nanos(m.spilled_nanos.load(Ordering::Relaxed)),
-            peak_reserved_bytes: m.peak_reserved_bytes.load(Ordering::Relaxed),
-            build_rows_spilled: m.build_rows_spilled.load(Ordering::Relaxed),
-            build_bytes_spilled: m.build_bytes_spilled.load(Ordering::Relaxed),
-            probe_rows_spilled: m.probe_rows_spilled.load(Ordering::Relaxed),
-            probe_bytes_spilled: m.probe_bytes_spilled.load(Ordering::Relaxed),
-            probe_rows_skipped: m.probe_rows_skipped.load(Ordering::Relaxed),
-            spill_files: m.spill_files.load(Ordering::Relaxed),
-            partitions_spilled: m.partitions_spilled.load(Ordering::Relaxed),
-            max_depth: m.max_depth.load(Ordering::Relaxed),
-            fallbacks: m.fallbacks.load(Ordering::Relaxed),
-            swapped_pairs: m.swapped_pairs.load(Ordering::Relaxed),
+        self.metrics_handle().metrics()
+    }
+
+    /// A handle that reads the figures from another thread (a progress display)
+    /// while this one consumes the stream.
+    pub fn metrics_handle(&self) -> MetricsHandle {
+        MetricsHandle {
+            metrics: Arc::clone(&self.metrics),
+            pool: Arc::clone(&self.pool),
         }
     }
 

@@ -46,11 +46,12 @@ mod probe;
 pub mod table;
 
 pub use error::{JoinError, Result, Side};
-pub use exec::MAX_DEPTH;
+pub use exec::{JoinPhase, MAX_DEPTH};
 pub use filter::{FilterPredicate, JoinFilter};
 pub use join::{
-    partition_bits_for, HashJoin, HashJoinBuilder, JoinMetrics, JoinStream,
-    DEFAULT_BATCH_SIZE_ROWS, DEFAULT_PARTITION_BITS, FORCE_SPILL_ENV, MAX_BATCH_SIZE_ROWS,
+    partition_bits_for, CancelHandle, HashJoin, HashJoinBuilder, InputStatistics, JoinMetrics,
+    JoinStream, MetricsHandle, DEFAULT_BATCH_SIZE_ROWS, DEFAULT_PARTITION_BITS, FORCE_SPILL_ENV,
+    MAX_BATCH_SIZE_ROWS,
 };
 pub use join_type::{BuildJoinType, JoinType};
 pub use keys::NullEquality;

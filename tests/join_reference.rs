@@ -13,7 +13,7 @@ use arrow_schema::DataType;
 use common::*;
 use rand::Rng;
 use spilljoin::memory::{GreedyMemoryPool, MemoryPool};
-use spilljoin::{HashJoinBuilder, JoinType, NullEquality};
+use spilljoin::{HashJoinBuilder, InputStatistics, JoinType, NullEquality};
 
 const BATCH_SIZES: [usize; 8] = [1, 2, 7, 49, 50, 51, 100, 8192];
 
@@ -34,6 +34,8 @@ struct Case {
     /// Fraction of partitions spilled whatever the memory (0: only what
     /// `SPILLJOIN_FORCE_SPILL` says), so half the cases run through the spill path.
     force_spill: f64,
+    /// Statistics that make the left input build (a swapped plan).
+    swap: bool,
 }
 
 fn random_case(case: u64) -> (u64, Case) {
@@ -74,6 +76,7 @@ fn random_case(case: u64) -> (u64, Case) {
             partition_bits: [0, 1, 2, 4, 8][rng.random_range(0..5)],
             input_rows: rng.random_range(1..=30),
             force_spill: [0.0, 0.0, 0.5, 1.0][rng.random_range(0..4)],
+            swap: rng.random_bool(0.5),
         },
     )
 }
@@ -82,7 +85,7 @@ fn run_case(case: u64) {
     let (seed, c) = random_case(case);
     let context = || {
         format!(
-            "case {case} (seed {seed}): {} keys {:?} filter={} {:?} batch={} threads={} bits={} force_spill={} left={} right={}\n\
+            "case {case} (seed {seed}): {} keys {:?} filter={} {:?} batch={} threads={} bits={} force_spill={} swap={} left={} right={}\n\
              replay: SPILLJOIN_CASE={case} cargo test --test join_reference random_joins_match_the_reference",
             c.join_type,
             c.left.schema().fields().iter().take(c.keys.len()).map(|f| f.data_type().to_string()).collect::<Vec<_>>(),
@@ -92,6 +95,7 @@ fn run_case(case: u64) {
             c.threads,
             c.partition_bits,
             c.force_spill,
+            c.swap,
             c.left.num_rows(),
             c.right.num_rows(),
         )
@@ -123,6 +127,12 @@ fn run_case(case: u64) {
     }
     if c.force_spill > 0.0 {
         builder = builder.with_force_spill(c.force_spill);
+    }
+    if c.swap {
+        builder = builder.with_statistics(
+            InputStatistics::new(Some(1), None),
+            InputStatistics::new(Some(2), None),
+        );
     }
     let join = builder
         .build()

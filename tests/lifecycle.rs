@@ -163,3 +163,28 @@ fn a_disk_quota_reached_is_a_spill_error_and_leaves_nothing() {
     );
     assert_clean(&s);
 }
+
+#[test]
+fn cancelled_from_another_thread_ends_with_cancelled_and_leaves_nothing() {
+    let s = setup(2 << 20);
+    let mut stream = join(&s, JoinType::Full)
+        .execute(batches("l", 40), batches("r", 20))
+        .unwrap();
+    stream.next().unwrap().unwrap();
+    let progress = stream.metrics_handle();
+    assert!(progress.metrics().build_rows > 0);
+    let handle = stream.cancel_handle();
+    std::thread::spawn(move || handle.cancel()).join().unwrap();
+    // Batches already queued may still arrive; then the error, then the end.
+    let rest: Vec<_> = stream.by_ref().collect();
+    assert!(
+        matches!(rest.last(), Some(Err(JoinError::Cancelled))),
+        "{:?}",
+        rest.last()
+    );
+    assert!(rest.len() < 40, "the join went on after the cancel");
+    assert!(stream.next().is_none());
+    assert_eq!(progress.metrics().phase, spilljoin::JoinPhase::Done);
+    drop(stream);
+    assert_clean(&s);
+}

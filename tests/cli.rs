@@ -1,386 +1,17 @@
-//! End-to-end tests of the `spilljoin` binary: Parquet inputs written here, the
-//! binary run as a process, and its exit code, stderr and output files checked.
+//! End-to-end tests of the `spilljoin` binary over Parquet: join types, `--select`,
+//! keys and null equality, errors, the demo, threads and batch sizes, `--metrics`.
+//! Formats, `--filter`, signals and the other errors have their own files
+//! (`tests/cli_*.rs`).
 
-use std::fs::File;
+mod cli_support;
+
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::sync::Arc;
 
-use arrow_array::{
-    Array, ArrayRef, Int32Array, Int64Array, RecordBatch, RecordBatchReader, StringArray,
-};
-use arrow_cast::display::{ArrayFormatter, FormatOptions};
-use arrow_schema::{DataType, Field, Schema, SchemaRef};
-use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
-use parquet::arrow::ArrowWriter;
-use parquet::file::properties::WriterProperties;
+use arrow_array::{Int32Array, Int64Array};
+use arrow_schema::{DataType, Field, Schema};
+use cli_support::*;
 use rand::{Rng, SeedableRng};
-use tempfile::TempDir;
-
-// ---------------------------------------------------------------------------------
-// Running the binary
-
-/// What one run of the binary did.
-struct Run {
-    code: i32,
-    stdout: String,
-    stderr: String,
-    args: Vec<String>,
-}
-
-impl Run {
-    /// The row count of the `rows: N elapsed: ...` line; panics on any other outcome.
-    fn rows(&self) -> u64 {
-        assert_eq!(
-            self.code, 0,
-            "spilljoin {:?} failed:\n{}",
-            self.args, self.stderr
-        );
-        let lines: Vec<&str> = self
-            .stderr
-            .lines()
-            .filter(|l| l.starts_with("rows: "))
-            .collect();
-        assert_eq!(lines.len(), 1, "one rows line expected:\n{}", self.stderr);
-        let rest = &lines[0]["rows: ".len()..];
-        let (n, rest) = rest.split_once(' ').expect("rows line");
-        assert!(rest.starts_with("elapsed: "), "{}", lines[0]);
-        n.parse().expect("row count")
-    }
-
-    /// Asserts a run-time failure: exit code 1 and exactly one line on stderr, the
-    /// error, which contains every one of `needles`. Returns the line.
-    fn runtime_error(&self, needles: &[&str]) -> String {
-        assert_eq!(
-            self.code, 1,
-            "spilljoin {:?}: expected exit code 1\nstderr:\n{}",
-            self.args, self.stderr
-        );
-        self.assert_no_panic();
-        let lines: Vec<&str> = self.stderr.lines().collect();
-        assert_eq!(
-            lines.len(),
-            1,
-            "spilljoin {:?}: expected one line on stderr, got:\n{}",
-            self.args,
-            self.stderr
-        );
-        let line = lines[0];
-        assert!(line.starts_with("spilljoin: error: "), "{line}");
-        for needle in needles {
-            assert!(line.contains(needle), "{needle:?} not in {line:?}");
-        }
-        line.to_string()
-    }
-
-    /// Asserts a usage error (clap's exit code 2) that mentions every one of `needles`.
-    fn usage_error(&self, needles: &[&str]) {
-        assert_eq!(
-            self.code, 2,
-            "spilljoin {:?}: expected exit code 2\nstderr:\n{}",
-            self.args, self.stderr
-        );
-        self.assert_no_panic();
-        assert!(self.stderr.starts_with("error: "), "{}", self.stderr);
-        for needle in needles {
-            assert!(
-                self.stderr.contains(needle),
-                "{needle:?} not in {}",
-                self.stderr
-            );
-        }
-    }
-
-    fn assert_no_panic(&self) {
-        for text in [&self.stderr, &self.stdout] {
-            assert!(!text.contains("panicked"), "panic:\n{text}");
-            assert!(
-                !text.to_lowercase().contains("backtrace"),
-                "backtrace:\n{text}"
-            );
-        }
-    }
-}
-
-/// Runs `spilljoin ARGS...`.
-fn spilljoin<S: AsRef<std::ffi::OsStr>>(args: &[S]) -> Run {
-    let output = Command::new(env!("CARGO_BIN_EXE_spilljoin"))
-        .args(args)
-        .output()
-        .expect("cannot run the spilljoin binary");
-    Run {
-        code: output.status.code().expect("killed by a signal"),
-        stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
-        stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
-        args: args
-            .iter()
-            .map(|a| a.as_ref().to_string_lossy().into_owned())
-            .collect(),
-    }
-}
-
-// ---------------------------------------------------------------------------------
-// Inputs
-
-/// Writes `batch` as Parquet, `rows_per_group` rows to a row group.
-fn write_parquet(path: &Path, batch: &RecordBatch, rows_per_group: usize) {
-    let props = WriterProperties::builder()
-        .set_max_row_group_row_count(Some(rows_per_group))
-        .build();
-    let mut writer =
-        ArrowWriter::try_new(File::create(path).unwrap(), batch.schema(), Some(props)).unwrap();
-    writer.write(batch).unwrap();
-    writer.close().unwrap();
-}
-
-fn batch(schema: SchemaRef, columns: Vec<ArrayRef>) -> RecordBatch {
-    RecordBatch::try_new(schema, columns).unwrap()
-}
-
-fn left_schema() -> SchemaRef {
-    Arc::new(Schema::new(vec![
-        Field::new("id", DataType::Int64, true),
-        Field::new("name", DataType::Utf8, false),
-        Field::new("lv", DataType::Int32, false),
-        Field::new("tag", DataType::Utf8, true),
-    ]))
-}
-
-fn right_schema() -> SchemaRef {
-    Arc::new(Schema::new(vec![
-        Field::new("id", DataType::Int64, true),
-        Field::new("name", DataType::Utf8, false),
-        Field::new("rv", DataType::Int32, false),
-        Field::new("label", DataType::Utf8, true),
-    ]))
-}
-
-/// `left(id, name, lv, tag)` and `right(id, name, rv, label)`: `id` and `name` on
-/// both sides, null and duplicate keys on both.
-///
-/// ```text
-///  left                       right
-///  id    name lv  tag         id    name rv   label
-///  1     a    10  p           2     x    100  p
-///  2     b    20  p           2     y    200  q
-///  2     c    30  q           3     z    300  null
-///  3     d    40  null        4     w    400  p
-///  null  e    50  p           null  v    500  p
-///  5     f    60  p           null  u    600  null
-/// ```
-struct Fixture {
-    dir: TempDir,
-    left: PathBuf,
-    right: PathBuf,
-    /// `right` without its null-key rows (ids 2, 2, 3, 4).
-    right_no_nulls: PathBuf,
-    /// `right`'s schema, no rows.
-    empty: PathBuf,
-}
-
-impl Fixture {
-    fn new() -> Self {
-        let dir = tempfile::tempdir().unwrap();
-        let left = batch(
-            left_schema(),
-            vec![
-                Arc::new(Int64Array::from(vec![
-                    Some(1),
-                    Some(2),
-                    Some(2),
-                    Some(3),
-                    None,
-                    Some(5),
-                ])),
-                Arc::new(StringArray::from(vec!["a", "b", "c", "d", "e", "f"])),
-                Arc::new(Int32Array::from(vec![10, 20, 30, 40, 50, 60])),
-                Arc::new(StringArray::from(vec![
-                    Some("p"),
-                    Some("p"),
-                    Some("q"),
-                    None,
-                    Some("p"),
-                    Some("p"),
-                ])),
-            ],
-        );
-        let right = batch(
-            right_schema(),
-            vec![
-                Arc::new(Int64Array::from(vec![
-                    Some(2),
-                    Some(2),
-                    Some(3),
-                    Some(4),
-                    None,
-                    None,
-                ])),
-                Arc::new(StringArray::from(vec!["x", "y", "z", "w", "v", "u"])),
-                Arc::new(Int32Array::from(vec![100, 200, 300, 400, 500, 600])),
-                Arc::new(StringArray::from(vec![
-                    Some("p"),
-                    Some("q"),
-                    None,
-                    Some("p"),
-                    Some("p"),
-                    None,
-                ])),
-            ],
-        );
-        let fixture = Self {
-            left: dir.path().join("left.parquet"),
-            right: dir.path().join("right.parquet"),
-            right_no_nulls: dir.path().join("right_no_nulls.parquet"),
-            empty: dir.path().join("empty.parquet"),
-            dir,
-        };
-        // Several row groups, so that inputs are read in several parts.
-        write_parquet(&fixture.left, &left, 2);
-        write_parquet(&fixture.right, &right, 2);
-        write_parquet(&fixture.right_no_nulls, &right.slice(0, 4), 3);
-        write_parquet(&fixture.empty, &right.slice(0, 0), 2);
-        fixture
-    }
-
-    fn path(&self, name: &str) -> PathBuf {
-        self.dir.path().join(name)
-    }
-
-    /// `join --left LEFT --right RIGHT --on id=id EXTRA...`.
-    fn join(&self, extra: &[&str]) -> Run {
-        self.join_files(&self.left, &self.right, extra)
-    }
-
-    fn join_files(&self, left: &Path, right: &Path, extra: &[&str]) -> Run {
-        let mut args: Vec<String> = vec![
-            "join".into(),
-            "--left".into(),
-            left.display().to_string(),
-            "--right".into(),
-            right.display().to_string(),
-        ];
-        if !extra.contains(&"--on") {
-            args.extend(["--on".into(), "id=id".into()]);
-        }
-        args.extend(extra.iter().map(|s| s.to_string()));
-        spilljoin(&args)
-    }
-}
-
-// ---------------------------------------------------------------------------------
-// Outputs
-
-/// A table read back: column names and rows of values as text (null: `None`).
-#[derive(Debug, PartialEq)]
-struct Table {
-    columns: Vec<String>,
-    rows: Vec<Vec<Option<String>>>,
-}
-
-impl Table {
-    fn from_batches(schema: &Schema, batches: &[RecordBatch]) -> Self {
-        let options = FormatOptions::default();
-        let mut rows = Vec::new();
-        for b in batches {
-            let formatters: Vec<ArrayFormatter> = b
-                .columns()
-                .iter()
-                .map(|c| ArrayFormatter::try_new(c.as_ref(), &options).unwrap())
-                .collect();
-            for r in 0..b.num_rows() {
-                rows.push(
-                    b.columns()
-                        .iter()
-                        .zip(&formatters)
-                        .map(|(c, f)| (!c.is_null(r)).then(|| f.value(r).to_string()))
-                        .collect(),
-                );
-            }
-        }
-        rows.sort();
-        Self {
-            columns: schema.fields().iter().map(|f| f.name().clone()).collect(),
-            rows,
-        }
-    }
-
-    fn read_parquet(path: &Path) -> Self {
-        let reader = ParquetRecordBatchReaderBuilder::try_new(File::open(path).unwrap())
-            .unwrap()
-            .build()
-            .unwrap();
-        let schema = reader.schema();
-        let batches: Vec<RecordBatch> = reader.map(|b| b.unwrap()).collect();
-        Self::from_batches(&schema, &batches)
-    }
-
-    fn read_arrow(path: &Path) -> Self {
-        let reader =
-            arrow_ipc::reader::FileReader::try_new(File::open(path).unwrap(), None).unwrap();
-        let schema = reader.schema();
-        let batches: Vec<RecordBatch> = reader.map(|b| b.unwrap()).collect();
-        Self::from_batches(&schema, &batches)
-    }
-
-    /// CSV as the binary writes it: a header, then rows; an empty field is a null
-    /// (no value in these tests contains a comma, a quote or is empty).
-    fn read_csv(path: &Path) -> Self {
-        let text = std::fs::read_to_string(path).unwrap();
-        let mut lines = text.lines();
-        let columns = lines
-            .next()
-            .expect("a header line")
-            .split(',')
-            .map(String::from)
-            .collect();
-        let mut rows: Vec<Vec<Option<String>>> = lines
-            .map(|l| {
-                l.split(',')
-                    .map(|v| (!v.is_empty()).then(|| v.to_string()))
-                    .collect()
-            })
-            .collect();
-        rows.sort();
-        Self { columns, rows }
-    }
-}
-
-/// Rows written compactly: `"2,b,20,p"`, an empty field a null.
-fn rows(rows: &[&str]) -> Vec<Vec<Option<String>>> {
-    let mut rows: Vec<Vec<Option<String>>> = rows
-        .iter()
-        .map(|r| {
-            r.split(',')
-                .map(|v| (!v.is_empty()).then(|| v.to_string()))
-                .collect()
-        })
-        .collect();
-    rows.sort();
-    rows
-}
-
-fn names(names: &[&str]) -> Vec<String> {
-    names.iter().map(|s| s.to_string()).collect()
-}
-
-const INNER_ROWS: [&str; 5] = [
-    "2,b,20,p,2,x,100,p",
-    "2,b,20,p,2,y,200,q",
-    "2,c,30,q,2,x,100,p",
-    "2,c,30,q,2,y,200,q",
-    "3,d,40,,3,z,300,",
-];
-
-const FULL_COLUMNS: [&str; 8] = [
-    "left.id",
-    "left.name",
-    "lv",
-    "tag",
-    "right.id",
-    "right.name",
-    "rv",
-    "label",
-];
 
 // ---------------------------------------------------------------------------------
 // 1. Join types
@@ -631,26 +262,23 @@ fn select_picks_and_orders_columns() {
 #[test]
 fn select_errors() {
     let f = Fixture::new();
-    f.join(&["--select", "name"]).runtime_error(&[
-        "--select name",
-        "both sides",
-        "left.name",
-        "right.name",
-    ]);
+    f.join(&["--select", "name"]).error(
+        INVALID_JOIN,
+        &["--select name", "both sides", "left.name", "right.name"],
+    );
     f.join(&["--select", "lv,nope"])
-        .runtime_error(&["--select nope", "no such output column"]);
-    f.join(&["--select", "right.nope"]).runtime_error(&[
-        "\"nope\"",
-        "right input",
-        "id, name, rv, label",
-    ]);
+        .error(INVALID_JOIN, &["--select nope", "no such output column"]);
+    f.join(&["--select", "right.nope"]).error(
+        INVALID_JOIN,
+        &["\"nope\"", "right input", "id, name, rv, label"],
+    );
     f.join(&["--select", "left.rv"])
-        .runtime_error(&["\"rv\"", "left input", "id, name, lv, tag"]);
+        .error(INVALID_JOIN, &["\"rv\"", "left input", "id, name, lv, tag"]);
     f.join(&["--type", "semi", "--select", "right.rv"])
-        .runtime_error(&["right.rv", "outputs no right columns"]);
+        .error(INVALID_JOIN, &["right.rv", "outputs no right columns"]);
     // `mark` is a column only of mark joins.
     f.join(&["--type", "semi", "--select", "mark"])
-        .runtime_error(&["--select mark", "no such output column"]);
+        .error(INVALID_JOIN, &["--select mark", "no such output column"]);
 }
 
 // ---------------------------------------------------------------------------------
@@ -697,9 +325,9 @@ fn several_keys_and_null_equality() {
     }
     // NOT IN is null-aware by definition.
     f.join(&["--type", "not-in", "--null-equals-null"])
-        .runtime_error(&["not-in", "null-aware"]);
+        .error(INVALID_JOIN, &["not-in", "null-aware"]);
     f.join(&["--type", "not-in", "--on", "id=id,tag=label"])
-        .runtime_error(&["not-in", "exactly one key"]);
+        .error(INVALID_JOIN, &["not-in", "exactly one key"]);
 }
 
 // ---------------------------------------------------------------------------------
@@ -710,31 +338,35 @@ fn input_errors() {
     let f = Fixture::new();
     let missing = f.path("missing.parquet");
     f.join_files(&missing, &f.right, &[])
-        .runtime_error(&["cannot open", "missing.parquet"]);
+        .error(BAD_INPUT, &["cannot open", "missing.parquet"]);
     f.join_files(&f.left, &missing, &[])
-        .runtime_error(&["cannot open", "missing.parquet"]);
+        .error(BAD_INPUT, &["cannot open", "missing.parquet"]);
 
     let text = f.path("text.parquet");
     std::fs::write(&text, "id,name\n1,a\n").unwrap();
     f.join_files(&text, &f.right, &[])
-        .runtime_error(&["text.parquet", "not a readable Parquet file"]);
+        .error(BAD_INPUT, &["text.parquet", "not a readable Parquet file"]);
     let empty_file = f.path("zero.parquet");
     std::fs::write(&empty_file, "").unwrap();
     f.join_files(&f.left, &empty_file, &[])
-        .runtime_error(&["zero.parquet", "not a readable Parquet file"]);
+        .error(BAD_INPUT, &["zero.parquet", "not a readable Parquet file"]);
 }
 
 #[test]
 fn key_errors() {
     let f = Fixture::new();
-    f.join(&["--on", "nope=id"])
-        .runtime_error(&["\"nope\"", "left input", "id, name, lv, tag"]);
-    f.join(&["--on", "id=nope"])
-        .runtime_error(&["\"nope\"", "right input", "id, name, rv, label"]);
+    f.join(&["--on", "nope=id"]).error(
+        INVALID_JOIN,
+        &["\"nope\"", "left input", "id, name, lv, tag"],
+    );
+    f.join(&["--on", "id=nope"]).error(
+        INVALID_JOIN,
+        &["\"nope\"", "right input", "id, name, rv, label"],
+    );
     f.join(&["--on", "id=name"])
-        .runtime_error(&["key types differ", "Int64", "Utf8"]);
+        .error(INVALID_JOIN, &["key types differ", "Int64", "Utf8"]);
     f.join(&["--on", "name=rv"])
-        .runtime_error(&["key types differ", "Utf8", "Int32"]);
+        .error(INVALID_JOIN, &["key types differ", "Utf8", "Int32"]);
 }
 
 #[test]
@@ -743,7 +375,7 @@ fn memory_limit_too_small_is_resources_exhausted() {
     let out = f.path("oom.parquet");
     let line = f
         .join(&["--memory-limit", "1KiB", "--output", out.to_str().unwrap()])
-        .runtime_error(&["resources exhausted"]);
+        .error(OUT_OF_MEMORY, &["resources exhausted"]);
     assert!(line.contains("1024"), "{line}");
     // No partial output is left behind.
     assert!(!out.exists(), "a partial output was left behind");
@@ -800,19 +432,21 @@ fn usage_errors() {
 fn output_errors() {
     let f = Fixture::new();
     let out = f.path("out.txt");
-    f.join(&["--output", out.to_str().unwrap()])
-        .runtime_error(&["out.txt", "cannot tell the output format", ".parquet"]);
+    f.join(&["--output", out.to_str().unwrap()]).error(
+        INVALID_JOIN,
+        &["out.txt", "cannot tell the output format", ".parquet"],
+    );
     assert!(!out.exists());
     let out = f.path("no_extension");
     f.join(&["--output", out.to_str().unwrap()])
-        .runtime_error(&["cannot tell the output format"]);
+        .error(INVALID_JOIN, &["cannot tell the output format"]);
     let out = f.path("no/such/dir/out.csv");
     f.join(&["--output", out.to_str().unwrap()])
-        .runtime_error(&["cannot create", "out.csv"]);
+        .error(BAD_OUTPUT, &["cannot create", "out.csv"]);
     // Writing over an input would destroy it before it is read.
     let left = f.left.to_str().unwrap().to_string();
     f.join(&["--output", &left])
-        .runtime_error(&["--output", "left.parquet", "input"]);
+        .error(INVALID_JOIN, &["--output", "left.parquet", "input"]);
     assert_eq!(f.join(&[]).rows(), 5, "the input was damaged");
     // Upper-case extensions are fine.
     let out = f.path("OUT.CSV");
@@ -826,7 +460,7 @@ fn spill_dir_errors_are_one_line_without_repeats() {
     let dir = f.path("no/such/dir");
     let line = f
         .join(&["--spill-dir", dir.to_str().unwrap()])
-        .runtime_error(&["spill", "no/such/dir"]);
+        .error(SPILL_FAILED, &["spill", "no/such/dir"]);
     assert_eq!(
         line.matches("os error 2").count(),
         1,
@@ -1047,5 +681,5 @@ fn metrics_file_matches_the_printed_rows() {
     }
     let metrics = f.path("nowhere/m.json");
     f.join(&["--metrics", metrics.to_str().unwrap()])
-        .runtime_error(&["cannot write metrics", "m.json"]);
+        .error(BAD_OUTPUT, &["cannot write metrics", "m.json"]);
 }

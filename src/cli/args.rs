@@ -1,13 +1,24 @@
-//! Command-line arguments.
+//! Command-line arguments: every flag, its default and its help text.
+//!
+//! `spilljoin --help` and `spilljoin join --help` must be complete on their own, so
+//! the long help here is the reference; the README repeats it with examples.
 
 use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
+use spilljoin::spill::SpillCompression;
 use spilljoin::JoinType;
 
+use super::failure::EXIT_CODES_HELP;
+use super::format::Format;
+
 /// Join Arrow data of any size inside a fixed memory budget.
+///
+/// spilljoin joins two inputs (Parquet, Arrow IPC, CSV or NDJSON) on equal keys,
+/// spilling to disk what does not fit in --memory-limit, and writes the result as
+/// Parquet, Arrow IPC, CSV or NDJSON.
 #[derive(Debug, Parser)]
-#[command(name = "spilljoin", version, about, long_about = None)]
+#[command(name = "spilljoin", version, about, after_long_help = EXIT_CODES_HELP)]
 pub struct Cli {
     /// What to do.
     #[command(subcommand)]
@@ -17,61 +28,165 @@ pub struct Cli {
 /// The subcommands.
 #[derive(Debug, Subcommand)]
 pub enum Command {
-    /// Join two Parquet files on equal keys.
-    Join(JoinArgs),
+    /// Join two inputs on equal keys.
+    #[command(after_long_help = JOIN_EXAMPLES)]
+    Join(Box<JoinArgs>),
     /// Generate TPC-H-shaped orders and lineitem tables and join them.
     Demo(DemoArgs),
 }
 
+const JOIN_EXAMPLES: &str = "\
+Examples:
+  spilljoin join --left lineitem.parquet --right orders.parquet \\
+      --on l_orderkey=o_orderkey --output joined.parquet
+  spilljoin join --left 'events/*.parquet' --right users.csv --on user_id=id \\
+      --type left --filter \"left.ts >= right.signup + INTERVAL '7 days'\" \\
+      --select user_id,right.country,ts --output - --output-format ndjson
+  spilljoin join --left a.arrow --right b.arrow --on k=k --explain
+
+Inputs are a file, a directory (every data file under it) or a quoted glob. The
+format comes from the extension (.parquet, .arrow/.feather/.ipc, .arrows, .csv/.tsv,
+.json/.jsonl/.ndjson) unless --left-format/--right-format say otherwise.
+
+Exit codes:
+  0 success; 1 internal error; 2 bad command line; 3 the join is invalid (unknown
+  column, key types, filter, selection); 4 an input cannot be read; 5 the output
+  cannot be written; 6 spilling failed (spill dir, full disk, --max-spill-size);
+  7 the memory limit is too small; 128+N stopped by signal N (130 Ctrl-C, 143 SIGTERM).";
+
 /// Settings shared by every command that runs a join.
 #[derive(Debug, Args, Clone)]
+#[command(next_help_heading = "Running")]
 pub struct RunArgs {
     /// Memory budget for the join, e.g. 512MiB, 2GB, 1.5GiB; what does not fit is
-    /// spilled to --spill-dir [default: 75% of the memory available now; 8MiB for the
-    /// demo].
-    #[arg(long, value_parser = parse_size)]
+    /// spilled to --spill-dir [default: 75% of the memory available now, cgroup
+    /// aware; 8MiB for the demo].
+    #[arg(long, value_parser = parse_size, value_name = "SIZE")]
     pub memory_limit: Option<u64>,
-    /// Directory for spill files [default: the system temp dir].
-    #[arg(long)]
+    /// Directory in which spill files are written, in a private subdirectory that is
+    /// removed when the join ends [default: the system temp dir].
+    #[arg(long, value_name = "DIR")]
     pub spill_dir: Option<PathBuf>,
+    /// Compression of spill files: none (fastest on a local disk), lz4 (about half
+    /// the disk for strings) or zstd (smallest).
+    #[arg(long, default_value = "none", value_parser = parse_spill_compression, value_name = "CODEC")]
+    pub spill_compression: SpillCompression,
+    /// The most disk all spill files may take at once, e.g. 50GiB; a join that needs
+    /// more stops with exit code 6 [default: unlimited].
+    #[arg(long, value_parser = parse_size, value_name = "SIZE")]
+    pub max_spill_size: Option<u64>,
     /// Worker threads, at least 1 [default: all cores].
-    #[arg(long, value_parser = parse_positive)]
+    #[arg(long, value_parser = parse_positive, value_name = "N")]
     pub threads: Option<usize>,
-    /// Write the join's figures (rows, times, memory) here as JSON.
-    #[arg(long)]
-    pub metrics: Option<PathBuf>,
     /// Rows per batch, read and written (at least 1).
-    #[arg(long, default_value_t = spilljoin::DEFAULT_BATCH_SIZE_ROWS, value_parser = parse_positive)]
+    #[arg(long, default_value_t = spilljoin::DEFAULT_BATCH_SIZE_ROWS, value_parser = parse_positive, value_name = "ROWS")]
     pub batch_size: usize,
+    /// Write the run's figures (phases, rows, spilling, memory) here as JSON, also
+    /// when the join fails.
+    #[arg(long, value_name = "PATH")]
+    pub metrics: Option<PathBuf>,
+    /// Print nothing but errors: no progress, no summary.
+    #[arg(long, short)]
+    pub quiet: bool,
 }
 
 /// `spilljoin join`.
 #[derive(Debug, Args)]
 pub struct JoinArgs {
-    /// The left input (Parquet).
-    #[arg(long)]
-    pub left: PathBuf,
-    /// The right input (Parquet); it is the build side.
-    #[arg(long)]
-    pub right: PathBuf,
-    /// Key pairs: LCOL=RCOL[,LCOL=RCOL...].
-    #[arg(long, value_parser = parse_on, required = true)]
+    /// The left input: a file, a directory or a quoted glob such as 'data/*.parquet'.
+    #[arg(long, value_name = "PATH", help_heading = "Inputs")]
+    pub left: String,
+    /// The right input, as --left. The smaller input (by Parquet metadata or file
+    /// size) builds the hash table unless --no-swap.
+    #[arg(long, value_name = "PATH", help_heading = "Inputs")]
+    pub right: String,
+    /// Key pairs, left column = right column: LCOL=RCOL[,LCOL=RCOL...]; repeatable.
+    #[arg(long, value_parser = parse_on, required = true, value_name = "L=R", help_heading = "Join")]
     pub on: Vec<Vec<(String, String)>>,
     /// Join type: inner, left, right, full, semi, anti, right-semi, right-anti, mark,
     /// not-in, right-not-in.
-    #[arg(long = "type", default_value = "inner")]
+    #[arg(
+        long = "type",
+        default_value = "inner",
+        value_name = "TYPE",
+        help_heading = "Join"
+    )]
     pub join_type: JoinType,
     /// Let null keys equal each other (default: SQL, nulls equal nothing).
-    #[arg(long)]
+    #[arg(long, help_heading = "Join")]
     pub null_equals_null: bool,
+    /// A SQL boolean expression over columns of both inputs, applied with the keys
+    /// (like `ON l.k = r.k AND <expr>`): name columns `left.NAME`, `right.NAME` or
+    /// `NAME` if only one input has it. Comparisons, + - * / %, AND/OR/NOT, IS [NOT]
+    /// NULL, BETWEEN, IN (...), LIKE/ILIKE, CAST, DATE '...', TIMESTAMP '...',
+    /// INTERVAL '...'. A pair counts as a match only where it is true.
+    #[arg(long, value_name = "EXPR", help_heading = "Join")]
+    pub filter: Option<String>,
     /// Output columns, in order: NAME, left.NAME or right.NAME, comma-separated
-    /// [default: every column].
-    #[arg(long, value_delimiter = ',')]
+    /// [default: every column of the sides the join type outputs].
+    #[arg(
+        long,
+        value_delimiter = ',',
+        value_name = "COLS",
+        help_heading = "Join"
+    )]
     pub select: Option<Vec<String>>,
-    /// Write the output here: .parquet, .arrow or .csv. Without it the output is
-    /// produced in full and counted.
-    #[arg(long)]
-    pub output: Option<PathBuf>,
+    /// Write the output here (`-` for stdout), written to a temporary name and
+    /// renamed when complete. Without it the output is produced in full and counted.
+    #[arg(long, value_name = "PATH", help_heading = "Output")]
+    pub output: Option<String>,
+    /// Output format [default: from --output's extension; csv for stdout].
+    #[arg(long, value_name = "FORMAT", help_heading = "Output")]
+    pub output_format: Option<Format>,
+    /// Output compression: for Parquet none, snappy, lz4, zstd or zstd:LEVEL (1-22)
+    /// [default: zstd]; for Arrow IPC none, lz4 or zstd [default: none].
+    #[arg(long, value_name = "CODEC", help_heading = "Output")]
+    pub compression: Option<String>,
+    /// Format of --left: parquet, arrow, arrows, csv or ndjson [default: from its
+    /// extension].
+    #[arg(
+        long,
+        value_name = "FORMAT",
+        hide_possible_values = true,
+        help_heading = "Inputs"
+    )]
+    pub left_format: Option<Format>,
+    /// Format of --right: parquet, arrow, arrows, csv or ndjson [default: from its
+    /// extension].
+    #[arg(
+        long,
+        value_name = "FORMAT",
+        hide_possible_values = true,
+        help_heading = "Inputs"
+    )]
+    pub right_format: Option<Format>,
+    /// Column types of a CSV or NDJSON --left, replacing the inferred ones:
+    /// NAME:TYPE[,NAME:TYPE...], e.g. `id:int64,price:decimal(12,2),day:date`.
+    /// Types: int8-int64, uint8-uint64, float32, float64, bool, utf8, large_utf8,
+    /// binary, date, date64, timestamp[_s|_ms|_us|_ns], decimal(P,S).
+    #[arg(long, value_name = "SCHEMA", help_heading = "Inputs")]
+    pub left_schema: Option<String>,
+    /// Column types of a CSV or NDJSON --right, as --left-schema.
+    #[arg(long, value_name = "SCHEMA", help_heading = "Inputs")]
+    pub right_schema: Option<String>,
+    /// Field delimiter of CSV inputs and output: one character, or `tab`
+    /// [default: `,`; tab for .tsv].
+    #[arg(long, value_parser = parse_delimiter, value_name = "CHAR", help_heading = "Inputs")]
+    pub csv_delimiter: Option<u8>,
+    /// CSV inputs have no header line (columns are named column_1, column_2, ...),
+    /// and CSV output gets none.
+    #[arg(long, help_heading = "Inputs")]
+    pub csv_no_header: bool,
+    /// Rows of a CSV or NDJSON input read to infer its column types.
+    #[arg(long, default_value_t = 10_000, value_parser = parse_positive, value_name = "ROWS", help_heading = "Inputs")]
+    pub infer_rows: usize,
+    /// Always build on --right, whatever the inputs' sizes.
+    #[arg(long, help_heading = "Join")]
+    pub no_swap: bool,
+    /// Print the plan (build side and why, key types, partitions, memory limit,
+    /// spill dir, filter, output) and exit without joining.
+    #[arg(long, help_heading = "Join")]
+    pub explain: bool,
     /// Run settings.
     #[command(flatten)]
     pub run: RunArgs,
@@ -100,6 +215,18 @@ fn parse_positive(s: &str) -> Result<usize, String> {
         Ok(0) => Err("must be at least 1".into()),
         Ok(n) => Ok(n),
         Err(e) => Err(e.to_string()),
+    }
+}
+
+fn parse_spill_compression(s: &str) -> Result<SpillCompression, String> {
+    s.parse().map_err(|e| format!("{e}"))
+}
+
+fn parse_delimiter(s: &str) -> Result<u8, String> {
+    match s {
+        "tab" | "\\t" | "\t" => Ok(b'\t'),
+        _ if s.len() == 1 && s.is_ascii() => Ok(s.as_bytes()[0]),
+        _ => Err("must be one ASCII character or `tab`".into()),
     }
 }
 

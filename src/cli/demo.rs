@@ -16,11 +16,14 @@ use arrow_array::{
 };
 use arrow_schema::{DataType, Field, Schema};
 use parquet::arrow::ArrowWriter;
-use spilljoin::{JoinType, NullEquality};
+use spilljoin::{JoinType, NullEquality, Side};
 
 use super::args::DemoArgs;
-use super::io::ParquetInput;
-use super::run::run_join;
+use super::format::{CsvOptions, Format};
+use super::input::{Input, InputOptions};
+use super::output::OutputSpec;
+use super::plan::{JoinRequest, Plan};
+use super::signals::Interrupt;
 
 /// A small deterministic generator (splitmix64): the demo's data is the same on
 /// every machine.
@@ -46,7 +49,7 @@ const WORDS: [&str; 8] = [
 ];
 
 /// Runs the demo.
-pub fn run(args: &DemoArgs) -> Result<()> {
+pub fn run(args: &DemoArgs, interrupt: &Interrupt) -> Result<()> {
     let temp;
     let dir = match &args.dir {
         Some(dir) => {
@@ -61,31 +64,48 @@ pub fn run(args: &DemoArgs) -> Result<()> {
     };
     let (orders, lineitem) = (dir.join("orders.parquet"), dir.join("lineitem.parquet"));
     let line_rows = generate(&orders, &lineitem, args.orders)?;
-    eprintln!(
-        "demo: {} orders and {line_rows} line items in {}",
-        args.orders,
-        dir.display()
-    );
+    let quiet = args.run.quiet;
+    if !quiet {
+        eprintln!(
+            "demo: {} orders and {line_rows} line items in {}",
+            args.orders,
+            dir.display()
+        );
+    }
     // Unless told otherwise, the demo runs under a limit well below the build side's
     // size, so that it spills and shows it.
     let mut run = args.run.clone();
     let limit = run.memory_limit.unwrap_or(DEMO_MEMORY_LIMIT_BYTES);
     run.memory_limit = Some(limit);
-    eprintln!(
-        "demo: spilljoin join --left {} --right {} --on l_orderkey=o_orderkey --memory-limit {limit}",
-        lineitem.display(),
-        orders.display()
-    );
-    run_join(
-        &ParquetInput::open(&lineitem)?,
-        &ParquetInput::open(&orders)?,
-        &[("l_orderkey".into(), "o_orderkey".into())],
-        JoinType::Inner,
-        NullEquality::NullEqualsNothing,
-        None,
-        None,
-        &run,
-    )
+    if !quiet {
+        eprintln!(
+            "demo: spilljoin join --left {} --right {} --on l_orderkey=o_orderkey --memory-limit {limit}",
+            lineitem.display(),
+            orders.display()
+        );
+    }
+    let options = InputOptions {
+        format: Some(Format::Parquet),
+        schema_override: None,
+        csv: CsvOptions {
+            delimiter: None,
+            header: true,
+        },
+        infer_rows: 1,
+    };
+    let plan = Plan::new(JoinRequest {
+        left: Input::open(Side::Left, &lineitem.to_string_lossy(), &options)?,
+        right: Input::open(Side::Right, &orders.to_string_lossy(), &options)?,
+        on: vec![("l_orderkey".into(), "o_orderkey".into())],
+        join_type: JoinType::Inner,
+        null_equality: NullEquality::NullEqualsNothing,
+        select: None,
+        filter: None,
+        output: OutputSpec::new(None, None, None, options.csv)?,
+        swap: true,
+        run,
+    })?;
+    super::run::execute(&plan, interrupt)
 }
 
 /// The demo's default memory limit: 8 MiB, a fraction of the default 300 000 orders.

@@ -1,18 +1,39 @@
-//! The command line: `spilljoin join` over Parquet files, and `spilljoin demo`.
+//! The command line: `spilljoin join` over Parquet, Arrow IPC, CSV and NDJSON, and
+//! `spilljoin demo`. See `spilljoin --help` and the README.
+//!
+//! Modules, one concept each: [`args`] (flags and help), [`format`] (file formats,
+//! CSV and schema options), [`input`] (files, schemas, statistics, streams),
+//! [`filter`] (`--filter` parsed, typed and evaluated), [`select`] (`--select`),
+//! [`plan`] (everything resolved before a row is read; `--explain`), [`run`]
+//! (executing a plan), [`output`] (writers and atomic files), [`progress`],
+//! [`metrics`] (`--metrics` JSON), [`signals`] (Ctrl-C and SIGTERM), [`failure`]
+//! (exit codes and one-line errors), [`suggest`] ("did you mean"), [`demo`].
 
 mod args;
 mod demo;
-mod io;
+mod failure;
+mod filter;
+mod format;
+mod input;
+mod metrics;
+mod output;
+mod plan;
+mod progress;
 mod run;
+mod select;
+mod signals;
+mod suggest;
 
 use clap::Parser;
 
-/// Exit code of a join that failed at run time (bad input, out of memory, i/o).
-pub const EXIT_FAILURE: i32 = 1;
-/// Exit code of a command line that could not be understood (clap's own code).
-pub const EXIT_USAGE: i32 = 2;
+use failure::{kind_of, one_line, signal_exit_code, EXIT_USAGE};
+use signals::{signal_name, Interrupt};
 
-/// Parses the arguments, runs the command, prints errors as one line.
+/// The message of the last panic, for the one-line report of a bug.
+static LAST_PANIC: std::sync::Mutex<Option<String>> = std::sync::Mutex::new(None);
+
+/// Parses the arguments, runs the command, prints errors as one line, and returns
+/// the exit code (see [`failure`]).
 pub fn main() -> i32 {
     let cli = match args::Cli::try_parse() {
         Ok(cli) => cli,
@@ -22,34 +43,46 @@ pub fn main() -> i32 {
             return if e.use_stderr() { EXIT_USAGE } else { 0 };
         }
     };
-    let result = match cli.command {
-        args::Command::Join(join) => run::join(&join),
-        args::Command::Demo(demo) => demo::run(&demo),
-    };
-    match result {
-        Ok(()) => 0,
+    // A panic is a bug; it is reported on one line like any error, without a
+    // backtrace: the hook only keeps its message. (The join reports a panic of one of
+    // its workers as an error of its own.)
+    std::panic::set_hook(Box::new(|info| {
+        let text = info.to_string().replace(['\n', '\r'], " ");
+        *LAST_PANIC.lock().unwrap_or_else(|p| p.into_inner()) = Some(text);
+    }));
+    let interrupt = match Interrupt::install() {
+        Ok(i) => i,
         Err(e) => {
-            eprintln!("spilljoin: error: {}", one_line(&e));
-            EXIT_FAILURE
+            eprintln!("spilljoin: warning: cannot watch for Ctrl-C: {e}");
+            Interrupt::default()
+        }
+    };
+    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| match cli.command {
+        args::Command::Join(join) => run::join(*join, &interrupt),
+        args::Command::Demo(demo) => demo::run(&demo, &interrupt),
+    }));
+    match result {
+        Ok(Ok(())) => 0,
+        Ok(Err(e)) => match interrupt.signal() {
+            Some(signal) => {
+                eprintln!(
+                    "spilljoin: stopped by {}; spill files and partial output removed",
+                    signal_name(signal)
+                );
+                signal_exit_code(signal)
+            }
+            None => {
+                eprintln!("spilljoin: error: {}", one_line(&e));
+                kind_of(&e).exit_code()
+            }
+        },
+        Err(_) => {
+            let text = LAST_PANIC.lock().unwrap_or_else(|p| p.into_inner()).take();
+            eprintln!(
+                "spilljoin: error: internal error (a bug in spilljoin): {}",
+                text.unwrap_or_default()
+            );
+            failure::Kind::Internal.exit_code()
         }
     }
-}
-
-/// The error and its causes on one line, outermost first. A cause whose text its
-/// parent already includes is left out, and line breaks become spaces.
-fn one_line(e: &anyhow::Error) -> String {
-    let mut message = String::new();
-    let mut previous = String::new();
-    for cause in e.chain() {
-        let text = cause.to_string();
-        if !previous.is_empty() && previous.contains(&text) {
-            continue;
-        }
-        if !message.is_empty() {
-            message.push_str(": ");
-        }
-        message.push_str(&text);
-        previous = text;
-    }
-    message.replace(['\n', '\r'], " ")
 }

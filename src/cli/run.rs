@@ -1,422 +1,326 @@
-//! `spilljoin join`: resolve columns, run the join, write or count the output.
+//! `spilljoin join`: open the inputs, plan, then run — or only explain.
+//!
+//! ```text
+//!  open inputs ─► plan (columns, filter, statistics, build side) ─► --explain? print, stop
+//!      │
+//!      ▼
+//!  spill manager (private dir under --spill-dir) ─► output's temporary file
+//!      ─► input streams (counted) ─► JoinStream ──► write each batch ─► rename output
+//!             │                         │ cancel handle ─► signal watcher
+//!             │                         └ metrics handle ─► progress line
+//!             └─ the end, in any way: stream dropped (spill files gone), summary,
+//!                --metrics report
+//! ```
 
-use std::num::NonZeroUsize;
-use std::path::Path;
 use std::sync::Arc;
 use std::time::Instant;
 
-use anyhow::{bail, Context, Result};
+use anyhow::Result;
 use arrow_array::RecordBatch;
-use arrow_schema::{Field, Schema, SchemaRef};
-use spilljoin::memory::{
-    default_memory_limit_bytes, GreedyMemoryPool, MemoryPool, TrackConsumersPool,
-};
-use spilljoin::spill::{SpillConfig, SpillManager};
-use spilljoin::{HashJoinBuilder, JoinStream, JoinType, NullEquality, Side, MARK_COLUMN};
+use arrow_schema::SchemaRef;
+use spilljoin::spill::{SpillError, SpillManager};
+use spilljoin::{JoinError, JoinMetrics, JoinStream, NullEquality, Side};
 
-use super::args::{JoinArgs, RunArgs};
-use super::io::{OutputWriter, ParquetInput};
-
-/// A column the user named for the output.
-enum Selected {
-    /// A column of one input.
-    Column { side: Side, name: String },
-    /// The `mark` column of a mark join.
-    Mark,
-}
+use super::args::JoinArgs;
+use super::failure::{kind_of, one_line, signal_exit_code, Kind};
+use super::format::CsvOptions;
+use super::input::{Input, InputOptions, ReadCounters};
+use super::metrics::{self, Outcome, Reads};
+use super::output::{OutputSpec, OutputWriter};
+use super::plan::{JoinRequest, Plan};
+use super::progress::{human_bytes, Progress, SideProgress};
+use super::signals::{signal_name, Interrupt};
 
 /// Runs `spilljoin join`.
-pub fn join(args: &JoinArgs) -> Result<()> {
-    let left = ParquetInput::open(&args.left)?;
-    let right = ParquetInput::open(&args.right)?;
-    let on: Vec<(String, String)> = args.on.iter().flatten().cloned().collect();
-    let null_equality = if args.null_equals_null {
-        NullEquality::NullEqualsNull
-    } else {
-        NullEquality::NullEqualsNothing
+///
+/// # Errors
+/// Whatever stops it, tagged with its kind (see [`super::failure`]).
+pub fn join(args: JoinArgs, interrupt: &Interrupt) -> Result<()> {
+    let csv = CsvOptions {
+        delimiter: args.csv_delimiter,
+        header: !args.csv_no_header,
     };
-    run_join(
-        &left,
-        &right,
-        &on,
-        args.join_type,
-        null_equality,
-        args.select.as_deref(),
+    let options = |format, schema_override: &Option<String>| InputOptions {
+        format,
+        schema_override: schema_override.clone(),
+        csv,
+        infer_rows: args.infer_rows,
+    };
+    let left = Input::open(
+        Side::Left,
+        &args.left,
+        &options(args.left_format, &args.left_schema),
+    )?;
+    let right = Input::open(
+        Side::Right,
+        &args.right,
+        &options(args.right_format, &args.right_schema),
+    )?;
+    let output = OutputSpec::new(
         args.output.as_deref(),
-        &args.run,
-    )
+        args.output_format,
+        args.compression.as_deref(),
+        csv,
+    )?;
+    let plan = Plan::new(JoinRequest {
+        left,
+        right,
+        on: args.on.iter().flatten().cloned().collect(),
+        join_type: args.join_type,
+        null_equality: if args.null_equals_null {
+            NullEquality::NullEqualsNull
+        } else {
+            NullEquality::NullEqualsNothing
+        },
+        select: args.select,
+        filter: args.filter,
+        output,
+        swap: !args.no_swap,
+        run: args.run,
+    })?;
+    if args.explain {
+        print!("{}", plan.explain());
+        return Ok(());
+    }
+    execute(&plan, interrupt)
 }
 
-/// Runs a join of two Parquet inputs and reports rows and time on stderr.
-#[allow(clippy::too_many_arguments)]
-pub fn run_join(
-    left: &ParquetInput,
-    right: &ParquetInput,
-    on: &[(String, String)],
-    join_type: JoinType,
-    null_equality: NullEquality,
-    select: Option<&[String]>,
-    output: Option<&Path>,
-    run: &RunArgs,
-) -> Result<()> {
+/// Runs a planned join: writes its output, prints the summary, writes the metrics.
+///
+/// # Errors
+/// As [`join`].
+pub fn execute(plan: &Plan, interrupt: &Interrupt) -> Result<()> {
     let start = Instant::now();
-    let sides = join_type.output_sides();
-    let selected = select
-        .map(|names| resolve_select(names, join_type, left.schema(), right.schema()))
-        .transpose()?;
-    // Columns each side must decode: its keys, then what the output needs.
-    let needed = |side: Side, schema: &SchemaRef, keys: Vec<&String>| -> Result<Vec<usize>> {
-        let mut names: Vec<&str> = keys.iter().map(|s| s.as_str()).collect();
-        match &selected {
-            Some(sel) => names.extend(sel.iter().filter_map(|s| match s {
-                Selected::Column { side: s, name } if *s == side => Some(name.as_str()),
-                _ => None,
-            })),
-            None if sides.contains(&side) => {
-                names.extend(schema.fields().iter().map(|f| f.name().as_str()))
-            }
-            None => {}
-        }
-        let mut indices = Vec::new();
-        for name in names {
-            let i = schema
-                .index_of(name)
-                .map_err(|_| no_such_column(side, name, schema))?;
-            if !indices.contains(&i) {
-                indices.push(i);
-            }
-        }
-        indices.sort_unstable();
-        Ok(indices)
-    };
-    let left_cols = needed(
-        Side::Left,
-        left.schema(),
-        on.iter().map(|(l, _)| l).collect(),
-    )?;
-    let right_cols = needed(
-        Side::Right,
-        right.schema(),
-        on.iter().map(|(_, r)| r).collect(),
-    )?;
-    let left_schema = Arc::new(left.schema().project(&left_cols)?);
-    let right_schema = Arc::new(right.schema().project(&right_cols)?);
-
-    let limit = run.memory_limit.unwrap_or_else(default_memory_limit_bytes);
-    let pool: Arc<dyn MemoryPool> = Arc::new(TrackConsumersPool::new(
-        GreedyMemoryPool::new(usize::try_from(limit).unwrap_or(usize::MAX)),
-        NonZeroUsize::MIN.saturating_add(4),
-    ));
-    let spill = SpillManager::new(SpillConfig {
-        root_dir: run.spill_dir.clone(),
-        ..SpillConfig::default()
-    })
-    .context("cannot create the spill directory")?;
-    let threads = run
-        .threads
-        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
-    let mut builder = HashJoinBuilder::new(
-        Arc::clone(&left_schema),
-        Arc::clone(&right_schema),
-        on.to_vec(),
-    )
-    .with_join_type(join_type)
-    .with_null_equality(null_equality)
-    .with_memory_pool(Arc::clone(&pool))
-    .with_spill_manager(spill)
-    .with_batch_size(run.batch_size)
-    .with_threads(threads)
-    .with_build_size_hint(right.uncompressed_bytes(&right_cols)?);
-    if let Some(selected) = &selected {
-        builder = builder.with_projection(project(selected, &left_schema, &right_schema, sides)?);
-    }
-    let join = builder.build()?;
-    // The join names columns by what was decoded; selected columns keep the names they
-    // have in the full output (`left.NAME` for a name both inputs have).
-    let renamed = selected.as_ref().map(|selected| {
-        Arc::new(output_schema(
-            &join.schema(),
-            selected,
-            sides,
-            left.schema(),
-            right.schema(),
-        ))
-    });
-    let schema = renamed.clone().unwrap_or_else(|| join.schema());
-
-    if let Some(path) = output {
-        refuse_to_overwrite(path, &[left, right])?;
-    }
-    let left_reader = left.read(&left_cols, run.batch_size, threads)?;
-    let right_reader = right.read(&right_cols, run.batch_size, threads)?;
-    let writer = OutputWriter::create(output, &schema)?;
-    let mut stream = join.execute_partitioned(left_reader, right_reader)?;
-    let rows = match write_all(&mut stream, writer, renamed.as_ref()) {
-        Ok(rows) => rows,
-        Err(e) => {
-            // Leave no partial output behind.
-            if let Some(path) = output {
-                let _ = std::fs::remove_file(path);
-            }
-            return Err(e);
-        }
-    };
-    let metrics = stream.metrics();
-    let elapsed = start.elapsed();
-    if let Some(path) = &run.metrics {
-        write_metrics(path, rows, elapsed, &metrics, limit)?;
-    }
-    eprintln!(
-        "rows: {rows} elapsed: {:.3} s (build {:.3} s, probe {:.3} s; build rows {}, probe rows {}; peak reserved {:.1} MiB of {:.1} MiB)",
-        elapsed.as_secs_f64(),
-        metrics.build_time.as_secs_f64(),
-        metrics.probe_time.as_secs_f64(),
-        metrics.build_rows,
-        metrics.probe_rows,
-        metrics.peak_reserved_bytes as f64 / (1 << 20) as f64,
-        limit as f64 / (1 << 20) as f64,
+    let counters = (
+        Arc::new(ReadCounters::default()),
+        Arc::new(ReadCounters::default()),
     );
-    if let Some(summary) = spill_summary(&metrics) {
-        eprintln!("{summary}");
+    let mut rows = 0u64;
+    let mut metrics = JoinMetrics::default();
+    let result = run(plan, interrupt, &counters, &mut rows, &mut metrics);
+    let result = match result {
+        // The reader of stdout has all it wanted (`spilljoin ... | head`).
+        Err(e) if stdout_closed(&e, &plan.request.output) => Ok(()),
+        other => other.map_err(|e| with_hints(e, plan)),
+    };
+    let (status, exit_code, error) = match (&result, interrupt.signal()) {
+        (Ok(()), _) => ("ok", 0, None),
+        (Err(_), Some(signal)) => (
+            "interrupted",
+            signal_exit_code(signal),
+            Some(format!("stopped by {}", signal_name(signal))),
+        ),
+        (Err(e), None) => ("failed", kind_of(e).exit_code(), Some(one_line(e))),
+    };
+    let elapsed = start.elapsed();
+    if let Some(path) = &plan.request.run.metrics {
+        let outcome = Outcome {
+            status,
+            exit_code,
+            error,
+            output_rows: rows,
+            elapsed,
+        };
+        let reads = Reads {
+            left: &counters.0,
+            right: &counters.1,
+        };
+        let written = metrics::write(path, &metrics::report(plan, &metrics, &reads, &outcome));
+        // The join's own error matters more than the report's.
+        if result.is_ok() {
+            written?;
+        }
+    }
+    result?;
+    if !plan.request.run.quiet {
+        summary(plan, rows, elapsed, &metrics);
     }
     Ok(())
 }
 
-/// Writes (or counts) every output batch, under `schema`'s column names if given,
-/// and finishes the file. Returns the rows.
+/// The run itself; `rows` and `metrics` are filled in however it ends.
+fn run(
+    plan: &Plan,
+    interrupt: &Interrupt,
+    counters: &(Arc<ReadCounters>, Arc<ReadCounters>),
+    rows: &mut u64,
+    metrics: &mut JoinMetrics,
+) -> Result<()> {
+    let r = &plan.request;
+    let inputs: Vec<&std::path::Path> = r
+        .left
+        .files()
+        .iter()
+        .chain(r.right.files())
+        .map(|p| p.as_path())
+        .collect();
+    r.output.refuse_to_overwrite(&inputs)?;
+    let spill = SpillManager::new(plan.spill.clone())?;
+    interrupt.remove_on_forced_exit(spill.dir().to_path_buf());
+    let join = plan.builder.clone().with_spill_manager(spill).build()?;
+    let mut writer = r.output.create(&plan.schema)?;
+    if let Some(temp) = writer.temporary_path() {
+        interrupt.remove_on_forced_exit(temp.to_path_buf());
+    }
+    let (batch_size, threads) = (r.run.batch_size, plan.threads);
+    let left = r
+        .left
+        .streams(&plan.left_columns, batch_size, threads, &counters.0)?;
+    let right = r
+        .right
+        .streams(&plan.right_columns, batch_size, threads, &counters.1)?;
+    interrupted(interrupt)?;
+    let mut stream = join.execute_partitioned(left, right)?;
+    interrupt.watch(stream.cancel_handle());
+
+    let side = |input: &Input, counters: &Arc<ReadCounters>| SideProgress {
+        counters: Arc::clone(counters),
+        rows_total: input.rows(),
+        file_bytes_total: input.file_bytes().ok(),
+    };
+    let left_progress = side(&r.left, &counters.0);
+    let right_progress = side(&r.right, &counters.1);
+    let (build, probe) = match join.build_side() {
+        Side::Left => (left_progress, right_progress),
+        Side::Right => (right_progress, left_progress),
+    };
+    let progress = Progress::start(
+        r.run.quiet,
+        stream.metrics_handle(),
+        build,
+        probe,
+        plan.limit_bytes,
+    );
+    let schema = plan.rename.then_some(&plan.schema);
+    let written = write_all(&mut stream, &mut writer, schema, rows);
+    progress.finish();
+    *metrics = stream.metrics();
+    // Dropping the stream ends the join and removes its spill files.
+    drop(stream);
+    written?;
+    interrupted(interrupt)?;
+    writer.finish()
+}
+
+/// Fails if a signal came.
+fn interrupted(interrupt: &Interrupt) -> Result<()> {
+    match interrupt.signal() {
+        Some(signal) => Err(anyhow::anyhow!("stopped by {}", signal_name(signal))),
+        None => Ok(()),
+    }
+}
+
+/// Writes (or counts) every output batch, under `schema`'s column names if given.
 fn write_all(
     stream: &mut JoinStream,
-    mut writer: OutputWriter,
+    writer: &mut OutputWriter,
     schema: Option<&SchemaRef>,
-) -> Result<u64> {
-    let mut rows = 0u64;
+    rows: &mut u64,
+) -> Result<()> {
     for batch in stream.by_ref() {
         let mut batch = batch?;
         if let Some(schema) = schema {
             batch = RecordBatch::try_new(Arc::clone(schema), batch.columns().to_vec())?;
         }
-        rows += batch.num_rows() as u64;
-        writer.write(&batch).context("cannot write the output")?;
-    }
-    writer.finish().context("cannot write the output")?;
-    Ok(rows)
-}
-
-/// Fails if `output` is one of the inputs: creating it would truncate the input
-/// before it is read.
-fn refuse_to_overwrite(output: &Path, inputs: &[&ParquetInput]) -> Result<()> {
-    let Ok(output_path) = std::fs::canonicalize(output) else {
-        return Ok(()); // It does not exist yet.
-    };
-    for input in inputs {
-        if std::fs::canonicalize(input.path()).is_ok_and(|p| p == output_path) {
-            bail!(
-                "--output {} is an input of the join: writing it would destroy the input",
-                output.display()
-            );
-        }
+        writer.write(&batch)?;
+        *rows += batch.num_rows() as u64;
     }
     Ok(())
 }
 
-/// The process's peak resident set size in bytes (Linux: `VmHWM`), if known.
-pub fn peak_rss_bytes() -> Option<u64> {
-    let status = std::fs::read_to_string("/proc/self/status").ok()?;
-    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
-    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kib * 1024)
+/// Whether `e` is a write to a stdout whose reader has gone (`spilljoin ... | head`):
+/// not a failure, only the end of the output.
+fn stdout_closed(e: &anyhow::Error, output: &OutputSpec) -> bool {
+    output.is_stdout()
+        && e.chain().any(|c| {
+            c.downcast_ref::<std::io::Error>()
+                .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
+                || c.to_string().contains("Broken pipe")
+        })
 }
 
-/// Writes the figures of a finished join as a JSON object.
-fn write_metrics(
-    path: &std::path::Path,
-    output_rows: u64,
-    elapsed: std::time::Duration,
-    m: &spilljoin::JoinMetrics,
-    limit_bytes: u64,
-) -> Result<()> {
-    // A flat object of numbers: no serializer needed.
-    let fields: [(&str, String); 19] = [
-        ("output_rows", output_rows.to_string()),
-        ("elapsed_seconds", format!("{:.6}", elapsed.as_secs_f64())),
-        (
-            "build_seconds",
-            format!("{:.6}", m.build_time.as_secs_f64()),
-        ),
-        (
-            "probe_seconds",
-            format!("{:.6}", m.probe_time.as_secs_f64()),
-        ),
-        (
-            "spilled_partitions_seconds",
-            format!("{:.6}", m.spilled_time.as_secs_f64()),
-        ),
-        ("build_rows", m.build_rows.to_string()),
-        ("probe_rows", m.probe_rows.to_string()),
-        ("build_rows_spilled", m.build_rows_spilled.to_string()),
-        ("build_bytes_spilled", m.build_bytes_spilled.to_string()),
-        ("probe_rows_spilled", m.probe_rows_spilled.to_string()),
-        ("probe_bytes_spilled", m.probe_bytes_spilled.to_string()),
-        (
-            "probe_rows_skipped_by_bloom",
-            m.probe_rows_skipped.to_string(),
-        ),
-        ("spill_files", m.spill_files.to_string()),
-        ("partitions_spilled", m.partitions_spilled.to_string()),
-        ("max_recursion_depth", m.max_depth.to_string()),
-        ("fallbacks", m.fallbacks.to_string()),
-        ("peak_reserved_bytes", m.peak_reserved_bytes.to_string()),
-        ("memory_limit_bytes", limit_bytes.to_string()),
-        (
-            "peak_rss_bytes",
-            peak_rss_bytes().map_or("null".into(), |b| b.to_string()),
-        ),
-    ];
-    let body: Vec<String> = fields
-        .iter()
-        .map(|(k, v)| format!("  \"{k}\": {v}"))
-        .collect();
-    let json = format!("{{\n{}\n}}\n", body.join(",\n"));
-    std::fs::write(path, json)
-        .with_context(|| format!("cannot write metrics to {}", path.display()))
+/// The limit at which every join is tested to finish (`tests/spill_harness.rs`),
+/// with batches of up to [`spilljoin::DEFAULT_BATCH_SIZE_ROWS`] rows and up to
+/// [`FLOOR_THREADS`] threads; larger batches and more threads need proportionally
+/// more.
+const FLOOR_BYTES: u64 = 4 << 20;
+
+/// The most threads [`FLOOR_BYTES`] is tested with.
+const FLOOR_THREADS: usize = 4;
+
+/// The floor of a join with `batch_size` rows per batch and `threads` threads.
+fn floor_bytes(batch_size: usize, threads: usize) -> u64 {
+    let batches = batch_size
+        .div_ceil(spilljoin::DEFAULT_BATCH_SIZE_ROWS)
+        .max(1) as u64;
+    let threads = threads.div_ceil(FLOOR_THREADS).max(1) as u64;
+    FLOOR_BYTES * batches * threads
 }
 
-/// The stderr summary of what was spilled, if anything.
-fn spill_summary(m: &spilljoin::JoinMetrics) -> Option<String> {
-    let mib = |b: u64| b as f64 / (1 << 20) as f64;
-    (m.spill_files > 0).then(|| {
-        format!(
-            "spilled: build {} rows ({:.1} MiB), probe {} rows ({:.1} MiB) in {} files; {} partitions, depth {}, {} fallbacks; {} probe rows skipped by bloom filters; spilled pairs took {:.3} s",
+/// Errors a person can act on, with what to do: a join out of memory is told as
+/// the limit being below its floor (and says the floor); a full spill quota or
+/// disk says which flag to change.
+fn with_hints(e: anyhow::Error, plan: &Plan) -> anyhow::Error {
+    let join_error = e.chain().find_map(|c| c.downcast_ref::<JoinError>());
+    if let Some(JoinError::ResourcesExhausted { .. }) = join_error {
+        let floor = floor_bytes(plan.request.run.batch_size, plan.threads);
+        // The pool's own words: what was refused, and the largest consumers.
+        let refused = e
+            .chain()
+            .last()
+            .map_or_else(|| e.to_string(), |c| c.to_string());
+        return Kind::Memory.error(format!(
+            "memory limit {} is below this join's floor of {} (the least every join is tested to finish in with \
+             --batch-size {} and {} threads): {refused}; rerun with --memory-limit {}MiB or more",
+            human_bytes(plan.limit_bytes),
+            human_bytes(floor),
+            plan.request.run.batch_size,
+            plan.threads,
+            floor >> 20,
+        ));
+    }
+    let spill_error = e.chain().find_map(|c| c.downcast_ref::<SpillError>());
+    let hint = match spill_error {
+        Some(SpillError::QuotaExceeded { quota_bytes, .. }) => Some(format!(
+            "the spill files need more than --max-spill-size {}: raise it, or --memory-limit to spill less",
+            human_bytes(*quota_bytes)
+        )),
+        Some(SpillError::Io { source, .. }) if source.kind() == std::io::ErrorKind::StorageFull => {
+            Some("the disk of --spill-dir is full: free space, or point --spill-dir at a larger disk".into())
+        }
+        _ => None,
+    };
+    match hint {
+        Some(hint) => Kind::Spill.error(format!("{}; {hint}", one_line(&e))),
+        None => e,
+    }
+}
+
+/// The lines on stderr after a join: rows, time, phases, memory, spilling.
+fn summary(plan: &Plan, rows: u64, elapsed: std::time::Duration, m: &JoinMetrics) {
+    eprintln!(
+        "rows: {rows} elapsed: {:.3} s (build {:.3} s, probe {:.3} s; build rows {}, probe rows {}; peak reserved {} of {})",
+        elapsed.as_secs_f64(),
+        m.build_time.as_secs_f64(),
+        m.probe_time.as_secs_f64(),
+        m.build_rows,
+        m.probe_rows,
+        human_bytes(m.peak_reserved_bytes),
+        human_bytes(plan.limit_bytes),
+    );
+    if m.spill_files > 0 {
+        eprintln!(
+            "spilled: build {} rows ({}), probe {} rows ({}) in {} files; {} partitions, depth {}, {} fallbacks; {} probe rows skipped by bloom filters; spilled pairs took {:.3} s",
             m.build_rows_spilled,
-            mib(m.build_bytes_spilled),
+            human_bytes(m.build_bytes_spilled),
             m.probe_rows_spilled,
-            mib(m.probe_bytes_spilled),
+            human_bytes(m.probe_bytes_spilled),
             m.spill_files,
             m.partitions_spilled,
             m.max_depth,
             m.fallbacks,
             m.probe_rows_skipped,
             m.spilled_time.as_secs_f64(),
-        )
-    })
-}
-
-fn no_such_column(side: Side, name: &str, schema: &Schema) -> anyhow::Error {
-    let names: Vec<&str> = schema.fields().iter().map(|f| f.name().as_str()).collect();
-    anyhow::anyhow!(
-        "no column {name:?} in the {side} input (it has: {})",
-        names.join(", ")
-    )
-}
-
-fn resolve_select(
-    names: &[String],
-    join_type: JoinType,
-    left: &Schema,
-    right: &Schema,
-) -> Result<Vec<Selected>> {
-    let sides = join_type.output_sides();
-    names
-        .iter()
-        .map(|raw| {
-            let (side, name) = match raw.split_once('.') {
-                Some(("left", name)) => (Some(Side::Left), name),
-                Some(("right", name)) => (Some(Side::Right), name),
-                _ => (None, raw.as_str()),
-            };
-            // In a mark join, `mark` is the mark column (`left.mark` a left column).
-            if side.is_none() && name == MARK_COLUMN && join_type == JoinType::LeftMark {
-                return Ok(Selected::Mark);
-            }
-            let in_left = left.index_of(name).is_ok() && sides.contains(&Side::Left);
-            let in_right = right.index_of(name).is_ok() && sides.contains(&Side::Right);
-            let side = match (side, in_left, in_right) {
-                (Some(s), _, _) if !sides.contains(&s) => {
-                    bail!("--select {raw}: this join type outputs no {s} columns")
-                }
-                (Some(Side::Left), false, _) => {
-                    return Err(no_such_column(Side::Left, name, left))
-                        .with_context(|| format!("--select {raw}"));
-                }
-                (Some(Side::Right), _, false) => {
-                    return Err(no_such_column(Side::Right, name, right))
-                        .with_context(|| format!("--select {raw}"));
-                }
-                (Some(s), _, _) => s,
-                (None, true, true) => {
-                    bail!("--select {raw} is on both sides: write left.{name} or right.{name}")
-                }
-                (None, true, false) => Side::Left,
-                (None, false, true) => Side::Right,
-                (None, false, false) => bail!("--select {raw}: no such output column"),
-            };
-            Ok(Selected::Column {
-                side,
-                name: name.to_string(),
-            })
-        })
-        .collect()
-}
-
-/// The output projection (indices into the join's full output) for the selection.
-fn project(
-    selected: &[Selected],
-    left: &Schema,
-    right: &Schema,
-    sides: &[Side],
-) -> Result<Vec<usize>> {
-    selected
-        .iter()
-        .map(|s| {
-            let mut offset = 0;
-            for &side in sides {
-                let schema = if side == Side::Left { left } else { right };
-                match s {
-                    Selected::Column { side: s, name } if *s == side => {
-                        return Ok(offset + schema.index_of(name)?);
-                    }
-                    _ => offset += schema.fields().len(),
-                }
-            }
-            match s {
-                // The mark column comes after every input column.
-                Selected::Mark => Ok(offset),
-                Selected::Column { name, .. } => bail!("--select {name}: not an output column"),
-            }
-        })
-        .collect()
-}
-
-/// The schema of a selected output: the join's, with each column named as in the
-/// full output of `left` and `right` (`side.NAME` if both inputs have NAME and the
-/// output carries both sides).
-fn output_schema(
-    joined: &Schema,
-    selected: &[Selected],
-    sides: &[Side],
-    left: &Schema,
-    right: &Schema,
-) -> Schema {
-    let fields: Vec<Field> = joined
-        .fields()
-        .iter()
-        .zip(selected)
-        .map(|(field, s)| {
-            let name = match s {
-                Selected::Mark => MARK_COLUMN.to_string(),
-                Selected::Column { side, name } => {
-                    let shared = sides.len() == 2
-                        && left.index_of(name).is_ok()
-                        && right.index_of(name).is_ok();
-                    if shared {
-                        format!("{side}.{name}")
-                    } else {
-                        name.clone()
-                    }
-                }
-            };
-            field.as_ref().clone().with_name(name)
-        })
-        .collect();
-    Schema::new_with_metadata(fields, joined.metadata().clone())
+        );
+    }
 }

@@ -1,0 +1,202 @@
+//! Parquet inputs: one or more files read row group by row group, only the columns
+//! the join needs decoded.
+//!
+//! Each file's footer is read once, when the input is opened, and kept
+//! ([`ArrowReaderMetadata`]); every reader is built from it by
+//! [`ParquetSource::reader`], the one place where Parquet readers are constructed —
+//! so that a row-group selection or a row filter (for example from the build side's
+//! keys) is added there and applies everywhere.
+
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use anyhow::{Context, Result};
+use arrow_schema::{ArrowError, SchemaRef};
+use parquet::arrow::arrow_reader::{
+    ArrowReaderMetadata, ArrowReaderOptions, ParquetRecordBatchReader,
+    ParquetRecordBatchReaderBuilder,
+};
+use parquet::arrow::ProjectionMask;
+
+use super::{BatchStream, Opener};
+use crate::cli::failure::Kind;
+
+/// The files of a Parquet input and their footers.
+pub struct ParquetSource {
+    files: Vec<ParquetFile>,
+}
+
+struct ParquetFile {
+    path: PathBuf,
+    metadata: ArrowReaderMetadata,
+}
+
+/// A run of row groups of one file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Run {
+    file: usize,
+    row_groups: Vec<usize>,
+}
+
+impl ParquetSource {
+    /// Reads the footer of every file and checks that their schemas agree.
+    ///
+    /// # Errors
+    /// Input failures: a file that cannot be opened, is not Parquet, or whose columns
+    /// differ from the first file's.
+    pub fn open(paths: &[PathBuf]) -> Result<Self> {
+        let mut files: Vec<ParquetFile> = Vec::with_capacity(paths.len());
+        for path in paths {
+            let file = File::open(path)
+                .with_context(|| Kind::Input.context(format!("cannot open {}", path.display())))?;
+            let metadata = ArrowReaderMetadata::load(&file, ArrowReaderOptions::default())
+                .with_context(|| {
+                    Kind::Input
+                        .context(format!("{} is not a readable Parquet file", path.display()))
+                })?;
+            if let Some(first) = files.first() {
+                super::check_same_columns(
+                    &first.path,
+                    first.metadata.schema(),
+                    path,
+                    metadata.schema(),
+                )?;
+            }
+            files.push(ParquetFile {
+                path: path.clone(),
+                metadata,
+            });
+        }
+        Ok(Self { files })
+    }
+
+    /// The first file's Arrow schema.
+    pub fn schema(&self) -> SchemaRef {
+        Arc::clone(self.files[0].metadata.schema())
+    }
+
+    /// Rows in every file, from the footers.
+    pub fn rows(&self) -> u64 {
+        self.files
+            .iter()
+            .flat_map(|f| f.metadata.metadata().row_groups())
+            .map(|g| g.num_rows().max(0) as u64)
+            .sum()
+    }
+
+    /// Row groups in every file.
+    pub fn row_groups(&self) -> usize {
+        self.files
+            .iter()
+            .map(|f| f.metadata.metadata().num_row_groups())
+            .sum()
+    }
+
+    /// The uncompressed size of `columns` (indices into the schema) in every file,
+    /// from the footers: an estimate of their size in memory.
+    pub fn bytes(&self, columns: &[usize]) -> u64 {
+        let mut total = 0u64;
+        for file in &self.files {
+            let descr = file.metadata.parquet_schema();
+            for group in file.metadata.metadata().row_groups() {
+                for (leaf, chunk) in group.columns().iter().enumerate() {
+                    if columns.contains(&descr.get_column_root_idx(leaf)) {
+                        total += chunk.uncompressed_size().max(0) as u64;
+                    }
+                }
+            }
+        }
+        total
+    }
+
+    /// Up to `parts` chains of openers, each over a contiguous run of row groups
+    /// (across files) with about the same number of rows.
+    pub(super) fn openers(
+        &self,
+        columns: &[usize],
+        batch_size: usize,
+        parts: usize,
+    ) -> Vec<Vec<Opener>> {
+        self.split(parts)
+            .into_iter()
+            .map(|runs| {
+                runs.into_iter()
+                    .map(|run| {
+                        let file = &self.files[run.file];
+                        let (path, metadata) = (file.path.clone(), file.metadata.clone());
+                        let columns = columns.to_vec();
+                        Opener::new(&file.path, move || {
+                            let reader = Self::reader(
+                                &path,
+                                metadata,
+                                run.row_groups,
+                                &columns,
+                                batch_size,
+                            )?;
+                            Ok(Box::new(reader) as BatchStream)
+                        })
+                    })
+                    .collect()
+            })
+            .collect()
+    }
+
+    /// The reader of `row_groups` of one file, decoding only `columns`.
+    ///
+    /// This is the one place Parquet readers are built.
+    fn reader(
+        path: &Path,
+        metadata: ArrowReaderMetadata,
+        row_groups: Vec<usize>,
+        columns: &[usize],
+        batch_size: usize,
+    ) -> Result<ParquetRecordBatchReader, ArrowError> {
+        let file = File::open(path)?;
+        let builder = ParquetRecordBatchReaderBuilder::new_with_metadata(file, metadata);
+        let mask = ProjectionMask::roots(builder.parquet_schema(), columns.iter().copied());
+        Ok(builder
+            .with_projection(mask)
+            .with_row_groups(row_groups)
+            .with_batch_size(batch_size)
+            .build()?)
+    }
+
+    /// Splits every row group of every file into at most `parts` groups of runs,
+    /// contiguous and of about the same rows.
+    fn split(&self, parts: usize) -> Vec<Vec<Run>> {
+        let groups: Vec<(usize, usize, i64)> = self
+            .files
+            .iter()
+            .enumerate()
+            .flat_map(|(f, file)| {
+                file.metadata
+                    .metadata()
+                    .row_groups()
+                    .iter()
+                    .enumerate()
+                    .map(move |(g, meta)| (f, g, meta.num_rows()))
+            })
+            .collect();
+        let total: i64 = groups.iter().map(|g| g.2).sum();
+        let target = (total / parts.max(1) as i64).max(1);
+        let mut result: Vec<Vec<Run>> = vec![Vec::new()];
+        let mut rows_in_last = 0;
+        for (file, group, rows) in groups {
+            if rows_in_last >= target && result.len() < parts {
+                result.push(Vec::new());
+                rows_in_last = 0;
+            }
+            let Some(part) = result.last_mut() else { break };
+            match part.last_mut() {
+                Some(run) if run.file == file => run.row_groups.push(group),
+                _ => part.push(Run {
+                    file,
+                    row_groups: vec![group],
+                }),
+            }
+            rows_in_last += rows;
+        }
+        result
+    }
+}

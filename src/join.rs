@@ -569,6 +569,18 @@ impl HashJoin {
         self.plan.build_side
     }
 
+    /// Whether probe rows that can match no build row may be dropped from the probe
+    /// input (by a scan that knows the build's key bounds or membership, see
+    /// [`crate::PreparedBuild`]) without changing the output.
+    pub fn may_skip_unmatchable_probe_rows(&self) -> bool {
+        self.plan.resolved.may_skip_unmatchable_probe_rows()
+    }
+
+    /// The engine's join type: the user's, in build and probe terms.
+    pub fn build_join_type(&self) -> crate::BuildJoinType {
+        self.plan.resolved
+    }
+
     /// Why that input builds, in a sentence (for `--explain`).
     pub fn build_side_reason(&self) -> &str {
         &self.build_side_reason

@@ -487,3 +487,63 @@ fn the_cache_evicts_least_recently_used_builds_nobody_holds() {
     drop(cache);
     assert_eq!(pool.reserved(), 0);
 }
+
+/// Where the join says unmatchable probe rows may be skipped, dropping the rows that
+/// `may_contain` rules out gives the reference answer.
+#[test]
+fn skipping_unmatchable_probe_rows_keeps_the_answer_where_allowed() {
+    let (left, right) = data(9, 200);
+    let pool: Arc<dyn MemoryPool> = Arc::new(GreedyMemoryPool::new(usize::MAX));
+    for join_type in JoinType::ALL {
+        for build_left in [false, true] {
+            let stats = |small: bool| {
+                spilljoin::InputStatistics::new(Some(if small { 1 } else { 2 }), None)
+            };
+            let join = HashJoinBuilder::new(left.schema(), right.schema(), [("lk0", "rk0")])
+                .with_join_type(join_type)
+                .with_statistics(stats(build_left), stats(!build_left))
+                .with_memory_pool(Arc::clone(&pool))
+                .build()
+                .unwrap();
+            let (build, probe_batch) = if build_left {
+                (&left, &right)
+            } else {
+                (&right, &left)
+            };
+            let prepared = join.prepare(vec![Ok(build.clone())]).unwrap();
+            let keep = prepared
+                .may_contain(&[probe_batch.column(0).clone()])
+                .unwrap();
+            let pruned = arrow_select::filter::filter_record_batch(probe_batch, &keep).unwrap();
+            let (l, r) = if build_left {
+                (build.clone(), pruned)
+            } else {
+                (pruned, build.clone())
+            };
+            let expected = reference_join(
+                &left,
+                &right,
+                &[(0, 0)],
+                join_type,
+                false,
+                NullEquality::NullEqualsNothing,
+            );
+            let with_pruned = reference_join(
+                &l,
+                &r,
+                &[(0, 0)],
+                join_type,
+                false,
+                NullEquality::NullEqualsNothing,
+            );
+            if join.may_skip_unmatchable_probe_rows() {
+                assert_eq!(
+                    with_pruned,
+                    expected,
+                    "{join_type} building {}",
+                    if build_left { "left" } else { "right" }
+                );
+            }
+        }
+    }
+}

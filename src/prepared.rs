@@ -125,33 +125,11 @@ impl HashJoin {
                 .unwrap_or_else(force_spill_from_env),
             key_bounds: true,
         };
-        let start = Instant::now();
         let built = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            build_side(&ctx, level, build)
+            PreparedBuild::build_in(&ctx, level, build)
         }))
         .unwrap_or_else(|panic| Err(JoinError::WorkerPanicked(panic_message(&panic))))?;
-        metrics
-            .build_nanos
-            .store(start.elapsed().as_nanos() as u64, Ordering::Relaxed);
-        metrics
-            .peak_reserved_bytes
-            .fetch_max(plan.pool.reserved() as u64, Ordering::Relaxed);
-        let mut figures = snapshot(&metrics, built._reservation.size() as u64);
-        figures.build_rows = built.num_rows;
-        Ok(PreparedBuild {
-            inner: Arc::new(Prepared {
-                level,
-                build_side: plan.build_side,
-                build_schema: Arc::clone(&plan.build_schema),
-                key_columns: plan.keys.build_columns.clone(),
-                key_types: plan.keys.types.clone(),
-                null_equality: plan.keys.null_equality,
-                keeps_unmatchable: plan.resolved.keeps_unmatchable_build_rows(),
-                metrics: figures,
-                built,
-                _spill: spill,
-            }),
-        })
+        Ok(built)
     }
 
     /// Checks that `prepared` can be this join's build side: same build input side,
@@ -242,7 +220,95 @@ impl HashJoin {
     }
 }
 
+impl HashJoin {
+    /// Like [`execute_partitioned`](Self::execute_partitioned), and calls `on_built`
+    /// with the build side once it is built, before the first probe batch is read.
+    /// The [`PreparedBuild`] it gets offers the build's key bounds and membership, so
+    /// a probe input that is opened lazily can skip what cannot match (see
+    /// [`may_skip_unmatchable_probe_rows`](Self::may_skip_unmatchable_probe_rows)).
+    /// Keep its handle no longer than the probe input: it holds the build's memory.
+    ///
+    /// # Errors
+    /// As [`execute`](Self::execute).
+    pub fn execute_partitioned_observed<L, R, F>(
+        &self,
+        left: Vec<L>,
+        right: Vec<R>,
+        on_built: F,
+    ) -> Result<JoinStream>
+    where
+        L: Iterator<Item = Result<RecordBatch, ArrowError>> + Send + 'static,
+        R: Iterator<Item = Result<RecordBatch, ArrowError>> + Send + 'static,
+        F: FnOnce(&PreparedBuild) + Send + 'static,
+    {
+        self.spawn(false, move |ctx, force_spill_fraction| {
+            let level = Level {
+                bits: ctx.plan.bits,
+                depth: 0,
+                hashed_input: false,
+                force_spill_fraction,
+                key_bounds: true,
+            };
+            match ctx.plan.build_side {
+                Side::Right => run_observed(ctx, level, right, left, on_built),
+                Side::Left => run_observed(ctx, level, left, right, on_built),
+            }
+        })
+    }
+}
+
+/// Builds level 0 into a shareable build, shows it to `on_built`, then probes it.
+fn run_observed<B, P, F>(
+    ctx: &Ctx<'_>,
+    level: Level,
+    build: Vec<B>,
+    probe: Vec<P>,
+    on_built: F,
+) -> Result<()>
+where
+    B: Iterator<Item = Result<RecordBatch, ArrowError>> + Send,
+    P: Iterator<Item = Result<RecordBatch, ArrowError>> + Send,
+    F: FnOnce(&PreparedBuild),
+{
+    let prepared = PreparedBuild::build_in(ctx, level, build)?;
+    on_built(&prepared);
+    run_prepared(ctx, prepared, probe)
+}
+
 impl PreparedBuild {
+    /// Builds level 0 of `ctx`'s join from `build` into a shareable build.
+    pub(crate) fn build_in<B>(ctx: &Ctx<'_>, level: Level, build: Vec<B>) -> Result<Self>
+    where
+        B: Iterator<Item = Result<RecordBatch, ArrowError>> + Send,
+    {
+        let plan = ctx.plan;
+        let start = Instant::now();
+        let built = build_side(ctx, level, build)?;
+        let metrics = ctx.metrics;
+        metrics
+            .build_nanos
+            .store(start.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        metrics
+            .peak_reserved_bytes
+            .fetch_max(plan.pool.reserved() as u64, Ordering::Relaxed);
+        let mut figures = snapshot(metrics, built._reservation.size() as u64);
+        figures.build_rows = built.num_rows;
+        Ok(PreparedBuild {
+            inner: Arc::new(Prepared {
+                level,
+                build_side: plan.build_side,
+                build_schema: Arc::clone(&plan.build_schema),
+                key_columns: plan.keys.build_columns.clone(),
+                key_types: plan.keys.types.clone(),
+                null_equality: plan.keys.null_equality,
+                keeps_unmatchable: plan.resolved.keeps_unmatchable_build_rows(),
+                metrics: figures,
+                built,
+                _spill: ctx.spill.clone(),
+            }),
+        })
+    }
+
     /// Which input of the join it was prepared for builds.
     pub fn build_side(&self) -> Side {
         self.inner.build_side

@@ -547,3 +547,75 @@ fn skipping_unmatchable_probe_rows_keeps_the_answer_where_allowed() {
         }
     }
 }
+
+/// `execute_partitioned_observed` shows the build before the probe is read: a probe
+/// input opened lazily can drop what cannot match, and the answer is the reference's.
+#[test]
+fn an_observed_build_lets_a_lazy_probe_skip_rows() {
+    use std::sync::OnceLock;
+    let (left, right) = data(10, 300);
+    for (join_type, force) in [
+        (JoinType::Inner, 0.0),
+        (JoinType::Right, 1.0),
+        (JoinType::Left, 0.5),
+    ] {
+        let pool: Arc<dyn MemoryPool> = Arc::new(GreedyMemoryPool::new(usize::MAX));
+        let join = join_of(&left, &right, join_type, false, &pool);
+        let join = if force > 0.0 {
+            HashJoinBuilder::new(left.schema(), right.schema(), [("lk0", "rk0")])
+                .with_join_type(join_type)
+                .with_memory_pool(Arc::clone(&pool))
+                .with_force_spill(force)
+                .build()
+                .unwrap()
+        } else {
+            join
+        };
+        let slot: Arc<OnceLock<PreparedBuild>> = Arc::new(OnceLock::new());
+        let skip = join.may_skip_unmatchable_probe_rows();
+        let probe = {
+            let (slot, left) = (Arc::clone(&slot), left.clone());
+            let mut done = false;
+            std::iter::from_fn(move || {
+                if done {
+                    return None;
+                }
+                done = true;
+                let build = slot
+                    .get()
+                    .expect("the build is shown before the probe is read");
+                assert!(build.key_bounds()[0].is_some());
+                if !skip {
+                    return Some(Ok(left.clone()));
+                }
+                let keep = build.may_contain(&[left.column(0).clone()]).unwrap();
+                Some(Ok(
+                    arrow_select::filter::filter_record_batch(&left, &keep).unwrap()
+                ))
+            })
+        };
+        let slot_for_build = Arc::clone(&slot);
+        let output: Vec<RecordBatch> = join
+            .execute_partitioned_observed(
+                vec![probe],
+                vec![vec![Ok(right.clone())].into_iter()],
+                move |b| {
+                    let _ = slot_for_build.set(b.clone());
+                },
+            )
+            .unwrap()
+            .collect::<Result<_, _>>()
+            .unwrap();
+        let expected = reference_join(
+            &left,
+            &right,
+            &[(0, 0)],
+            join_type,
+            false,
+            NullEquality::NullEqualsNothing,
+        );
+        assert_eq!(rendered_rows(&output), expected, "{join_type}");
+        drop(slot);
+        assert_eq!(pool.reserved(), 0, "{join_type}");
+    }
+}

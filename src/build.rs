@@ -35,6 +35,7 @@ use crate::batches::{
     attach_hashes, batch_bytes, lock, pieces, run_workers, with_hash_column, write_counted,
 };
 use crate::bloom::Bloom;
+use crate::bounds::{BoundsAccumulator, KeyBounds};
 use crate::error::{JoinError, Result};
 use crate::exec::{Ctx, Level};
 use crate::hash::hash_keys;
@@ -96,6 +97,8 @@ pub(crate) struct BuiltSide {
     pub num_rows: u64,
     /// Whether some build row has a null key.
     pub has_null_key: bool,
+    /// Each key column's bounds, when the level kept them (empty otherwise).
+    pub bounds: Vec<Option<KeyBounds>>,
     /// Everything in memory above, reserved.
     pub _reservation: MemoryReservation,
 }
@@ -161,6 +164,8 @@ pub(crate) struct BuildCollector<'a> {
     base: MemoryReservation,
     spill_schema: SchemaRef,
     largest_batch_bytes: AtomicUsize,
+    /// Key bounds, when the level keeps them.
+    bounds: Mutex<BoundsAccumulator>,
 }
 
 impl<'a> BuildCollector<'a> {
@@ -180,6 +185,7 @@ impl<'a> BuildCollector<'a> {
             spill_schema: with_hash_column(&ctx.plan.build_schema),
             base,
             largest_batch_bytes: AtomicUsize::new(0),
+            bounds: Mutex::default(),
         }
     }
 
@@ -490,6 +496,13 @@ impl<'a> BuildCollector<'a> {
             }
             None => hash_keys(&columns, n, hashes)?,
         }
+        if self.level.key_bounds {
+            let bounds = columns
+                .iter()
+                .map(KeyBounds::of)
+                .collect::<Result<Vec<_>>>()?;
+            lock(&self.bounds).add(bounds)?;
+        }
         drop(columns);
         if nulls.is_some() {
             has_null_key.store(true, Ordering::Relaxed);
@@ -706,6 +719,7 @@ impl<'a> BuildCollector<'a> {
             unmatchable,
             num_rows,
             has_null_key,
+            bounds: std::mem::take(&mut lock(&self.bounds).columns),
             _reservation: reservation.into_inner().unwrap_or_else(|p| p.into_inner()),
         })
     }

@@ -134,6 +134,13 @@ pub enum JoinError {
     /// cancelled).
     #[error("the join was cancelled")]
     Cancelled,
+    /// A prepared build was attached to a join it was not prepared for.
+    #[error("the prepared build does not fit this join: {0}")]
+    PreparedBuildMismatch(String),
+    /// A shared build (see `BuildCache`) failed; every request that waited for it
+    /// gets this error.
+    #[error("the shared build failed: {0}")]
+    SharedBuildFailed(std::sync::Arc<JoinError>),
     /// A worker thread panicked; this is a bug in spilljoin.
     #[error("internal error: a join worker panicked: {0}")]
     WorkerPanicked(String),

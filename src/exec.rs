@@ -123,6 +123,9 @@ pub(crate) struct Ctx<'a> {
     pub sender: &'a Sender<Result<RecordBatch>>,
     pub cancel: &'a AtomicBool,
     pub metrics: &'a SharedMetrics,
+    /// Whether output batches must own all their buffers (a prepared build's are
+    /// shared and outlive no output; see [`crate::PreparedBuild`]).
+    pub owned_output: bool,
 }
 
 impl Ctx<'_> {
@@ -146,6 +149,7 @@ impl Ctx<'_> {
             self.plan.batch_size,
             self.sender.clone(),
         )
+        .with_owned_buffers(self.owned_output)
     }
 
     /// Sends what a sink still holds and counts its rows.
@@ -175,6 +179,8 @@ pub(crate) struct Level {
     pub hashed_input: bool,
     /// Fraction of partitions spilled whatever the memory (tests).
     pub force_spill_fraction: f64,
+    /// Whether the build keeps its key bounds (prepared builds).
+    pub key_bounds: bool,
 }
 
 impl Level {
@@ -251,7 +257,6 @@ where
     B: Iterator<Item = Result<RecordBatch, ArrowError>> + Send,
     P: Iterator<Item = Result<RecordBatch, ArrowError>> + Send,
 {
-    let plan = ctx.plan;
     ctx.metrics
         .max_depth
         .fetch_max(level.depth as u64, Ordering::Relaxed);
@@ -265,25 +270,11 @@ where
     }
     ctx.note_peak();
 
-    let start = Instant::now();
-    let consumer = MemoryConsumer::new("spilljoin probe").register(&plan.pool);
-    let state = ProbeState::new(ctx, level, &built, consumer.new_empty(), facts)?;
-    probe_phase(ctx, level, &built, &state, &consumer, probe)?;
-    let facts = state.facts();
-    if plan.resolved.emits_build_rows_at_end() {
-        emit_build_phase(ctx, &built, &state, facts)?;
-    }
-    if level.depth == 0 {
-        ctx.metrics
-            .probe_nanos
-            .store(start.elapsed().as_nanos() as u64, Ordering::Relaxed);
-    }
+    let (facts, probe_files) = probe_level(ctx, level, &built, probe, facts)?;
 
     // Release this level's tables before joining what it spilled.
-    let probe_files = state.finish_spills(ctx)?;
     let level_rows = built.num_rows;
     let spilled = release_level(built);
-    drop(consumer);
     let start = Instant::now();
     if level.depth == 0 {
         ctx.metrics.set_phase(JoinPhase::SpilledPairs);
@@ -295,6 +286,37 @@ where
             .store(start.elapsed().as_nanos() as u64, Ordering::Relaxed);
     }
     Ok(facts)
+}
+
+/// The probe side of one level over its built side: streams the probe input past it,
+/// outputs the build rows the join keeps, and closes the probe spill files (returned
+/// per partition) with the probe facts it saw.
+pub(crate) fn probe_level<P>(
+    ctx: &Ctx<'_>,
+    level: Level,
+    built: &BuiltSide,
+    probe: Vec<P>,
+    facts: Facts,
+) -> Result<(Facts, Vec<Option<SpillFile>>)>
+where
+    P: Iterator<Item = Result<RecordBatch, ArrowError>> + Send,
+{
+    let plan = ctx.plan;
+    let start = Instant::now();
+    let consumer = MemoryConsumer::new("spilljoin probe").register(&plan.pool);
+    let state = ProbeState::new(ctx, level, built, consumer.new_empty(), facts)?;
+    probe_phase(ctx, level, built, &state, &consumer, probe)?;
+    let facts = state.facts();
+    if plan.resolved.emits_build_rows_at_end() {
+        emit_build_phase(ctx, built, &state, facts)?;
+    }
+    if level.depth == 0 {
+        ctx.metrics
+            .probe_nanos
+            .store(start.elapsed().as_nanos() as u64, Ordering::Relaxed);
+    }
+    let probe_files = state.finish_spills(ctx)?;
+    Ok((facts, probe_files))
 }
 
 /// Streams the probe input past `built` on every worker.
@@ -425,6 +447,7 @@ fn join_spilled_pairs(
                     sender: ctx.sender,
                     cancel: ctx.cancel,
                     metrics: ctx.metrics,
+                    owned_output: ctx.owned_output,
                 };
                 join_pair(
                     &swapped,
@@ -468,6 +491,7 @@ fn join_pair(
                 depth: level.depth + 1,
                 hashed_input: true,
                 force_spill_fraction: 0.0,
+                key_bounds: false,
             };
             let probe_inputs = probe_file
                 .map(file_input)
@@ -546,6 +570,7 @@ fn fallback(
             unmatchable: Unmatchable::default(),
             num_rows: chunk_rows,
             has_null_key: false,
+            bounds: Vec::new(),
             _reservation: reservation.into_inner().unwrap_or_else(|p| p.into_inner()),
         };
         let state = ProbeState::new(
@@ -555,6 +580,7 @@ fn fallback(
                 depth: level.depth + 1,
                 hashed_input: true,
                 force_spill_fraction: 0.0,
+                key_bounds: false,
             },
             &built,
             consumer.new_empty(),
@@ -672,8 +698,40 @@ where
         depth: 0,
         hashed_input: false,
         force_spill_fraction,
+        key_bounds: false,
     };
     let result = run_level(ctx, level, build, probe, Facts::default()).map(|_| ());
     ctx.metrics.set_phase(JoinPhase::Done);
     result
+}
+
+/// Probes a prepared build: level 0 over its shared partitions, then the pairs it
+/// spilled. The handle is dropped once the probe input is read, so a build nobody
+/// else holds is freed before the spilled pairs are joined.
+pub(crate) fn run_prepared<P>(
+    ctx: &Ctx<'_>,
+    prepared: crate::prepared::PreparedBuild,
+    probe: Vec<P>,
+) -> Result<()>
+where
+    P: Iterator<Item = Result<RecordBatch, ArrowError>> + Send,
+{
+    let level = prepared.level();
+    let built = prepared.built();
+    ctx.metrics
+        .build_rows
+        .store(built.num_rows, Ordering::Relaxed);
+    ctx.metrics.set_phase(JoinPhase::Probe);
+    let (facts, probe_files) = probe_level(ctx, level, built, probe, Facts::default())?;
+    let level_rows = built.num_rows;
+    let spilled = prepared.spilled_files();
+    drop(prepared);
+    let start = Instant::now();
+    ctx.metrics.set_phase(JoinPhase::SpilledPairs);
+    join_spilled_pairs(ctx, level, level_rows, spilled, probe_files, facts)?;
+    ctx.metrics
+        .spilled_nanos
+        .store(start.elapsed().as_nanos() as u64, Ordering::Relaxed);
+    ctx.metrics.set_phase(JoinPhase::Done);
+    Ok(())
 }

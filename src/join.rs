@@ -438,8 +438,35 @@ const PER_PARTITION_SPILL_BYTES: usize = 32 * 1024;
 /// A validated join, ready to execute any number of times.
 #[derive(Debug, Clone)]
 pub struct HashJoin {
-    plan: Arc<JoinPlan>,
+    pub(crate) plan: Arc<JoinPlan>,
     build_side_reason: Arc<str>,
+}
+
+/// The figures in `m`, with the pool's current reservation.
+pub(crate) fn snapshot(m: &SharedMetrics, reserved_bytes: u64) -> JoinMetrics {
+    {
+        JoinMetrics {
+            phase: m.phase(),
+            reserved_bytes,
+            build_rows: m.build_rows.load(Ordering::Relaxed),
+            probe_rows: m.probe_rows.load(Ordering::Relaxed),
+            output_rows: m.output_rows.load(Ordering::Relaxed),
+            build_time: Duration::from_nanos(m.build_nanos.load(Ordering::Relaxed)),
+            probe_time: Duration::from_nanos(m.probe_nanos.load(Ordering::Relaxed)),
+            spilled_time: Duration::from_nanos(m.spilled_nanos.load(Ordering::Relaxed)),
+            peak_reserved_bytes: m.peak_reserved_bytes.load(Ordering::Relaxed),
+            build_rows_spilled: m.build_rows_spilled.load(Ordering::Relaxed),
+            build_bytes_spilled: m.build_bytes_spilled.load(Ordering::Relaxed),
+            probe_rows_spilled: m.probe_rows_spilled.load(Ordering::Relaxed),
+            probe_bytes_spilled: m.probe_bytes_spilled.load(Ordering::Relaxed),
+            probe_rows_skipped: m.probe_rows_skipped.load(Ordering::Relaxed),
+            spill_files: m.spill_files.load(Ordering::Relaxed),
+            partitions_spilled: m.partitions_spilled.load(Ordering::Relaxed),
+            max_depth: m.max_depth.load(Ordering::Relaxed),
+            fallbacks: m.fallbacks.load(Ordering::Relaxed),
+            swapped_pairs: m.swapped_pairs.load(Ordering::Relaxed),
+        }
+    }
 }
 
 /// Stops a running join from any thread: its stream then ends with
@@ -467,28 +494,7 @@ impl MetricsHandle {
     /// The figures so far (final once the join has ended). Cheap: it reads
     /// counters, so a progress display may call it often.
     pub fn metrics(&self) -> JoinMetrics {
-        let m = &self.metrics;
-        JoinMetrics {
-            phase: m.phase(),
-            reserved_bytes: self.pool.reserved() as u64,
-            build_rows: m.build_rows.load(Ordering::Relaxed),
-            probe_rows: m.probe_rows.load(Ordering::Relaxed),
-            output_rows: m.output_rows.load(Ordering::Relaxed),
-            build_time: Duration::from_nanos(m.build_nanos.load(Ordering::Relaxed)),
-            probe_time: Duration::from_nanos(m.probe_nanos.load(Ordering::Relaxed)),
-            spilled_time: Duration::from_nanos(m.spilled_nanos.load(Ordering::Relaxed)),
-            peak_reserved_bytes: m.peak_reserved_bytes.load(Ordering::Relaxed),
-            build_rows_spilled: m.build_rows_spilled.load(Ordering::Relaxed),
-            build_bytes_spilled: m.build_bytes_spilled.load(Ordering::Relaxed),
-            probe_rows_spilled: m.probe_rows_spilled.load(Ordering::Relaxed),
-            probe_bytes_spilled: m.probe_bytes_spilled.load(Ordering::Relaxed),
-            probe_rows_skipped: m.probe_rows_skipped.load(Ordering::Relaxed),
-            spill_files: m.spill_files.load(Ordering::Relaxed),
-            partitions_spilled: m.partitions_spilled.load(Ordering::Relaxed),
-            max_depth: m.max_depth.load(Ordering::Relaxed),
-            fallbacks: m.fallbacks.load(Ordering::Relaxed),
-            swapped_pairs: m.swapped_pairs.load(Ordering::Relaxed),
-        }
+        snapshot(&self.metrics, self.pool.reserved() as u64)
     }
 }
 
@@ -563,6 +569,18 @@ impl HashJoin {
         self.plan.build_side
     }
 
+    /// Whether probe rows that can match no build row may be dropped from the probe
+    /// input (by a scan that knows the build's key bounds or membership, see
+    /// [`crate::PreparedBuild`]) without changing the output.
+    pub fn may_skip_unmatchable_probe_rows(&self) -> bool {
+        self.plan.resolved.may_skip_unmatchable_probe_rows()
+    }
+
+    /// The engine's join type: the user's, in build and probe terms.
+    pub fn build_join_type(&self) -> crate::BuildJoinType {
+        self.plan.resolved
+    }
+
     /// Why that input builds, in a sentence (for `--explain`).
     pub fn build_side_reason(&self) -> &str {
         &self.build_side_reason
@@ -608,6 +626,20 @@ impl HashJoin {
         L: Iterator<Item = Result<RecordBatch, ArrowError>> + Send + 'static,
         R: Iterator<Item = Result<RecordBatch, ArrowError>> + Send + 'static,
     {
+        self.spawn(false, move |ctx, force_spill_fraction| {
+            match ctx.plan.build_side {
+                Side::Right => run(ctx, right, left, force_spill_fraction),
+                Side::Left => run(ctx, left, right, force_spill_fraction),
+            }
+        })
+    }
+
+    /// Runs `job` on the join's coordinating thread and returns the stream of its
+    /// output. `owned_output`: output batches must own their buffers.
+    pub(crate) fn spawn<F>(&self, owned_output: bool, job: F) -> Result<JoinStream>
+    where
+        F: FnOnce(&Ctx<'_>, f64) -> Result<()> + Send + 'static,
+    {
         let plan = Arc::clone(&self.plan);
         let spill = match &plan.spill {
             Some(spill) => spill.clone(),
@@ -631,20 +663,15 @@ impl HashJoin {
                         sender: &sender,
                         cancel: &cancel,
                         metrics: &metrics,
+                        owned_output,
                     };
                     // A panic here (the coordinating thread runs the spilled pairs and
                     // the fallback) must end the stream with an error, never as if
                     // the join had finished.
-                    let result =
-                        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                            match plan.build_side {
-                                Side::Right => run(&ctx, right, left, force_spill_fraction),
-                                Side::Left => run(&ctx, left, right, force_spill_fraction),
-                            }
-                        }))
-                        .unwrap_or_else(|panic| {
-                            Err(JoinError::WorkerPanicked(panic_message(&panic)))
-                        });
+                    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                        job(&ctx, force_spill_fraction)
+                    }))
+                    .unwrap_or_else(|panic| Err(JoinError::WorkerPanicked(panic_message(&panic))));
                     metrics.set_phase(JoinPhase::Done);
                     // After a cancel from a `CancelHandle` the stream ends with the
                     // error; after a drop nobody receives it.
@@ -673,7 +700,7 @@ impl HashJoin {
 /// level-0 partitions from 0 to 1 (see [`HashJoinBuilder::with_force_spill`]).
 pub const FORCE_SPILL_ENV: &str = "SPILLJOIN_FORCE_SPILL";
 
-fn force_spill_from_env() -> f64 {
+pub(crate) fn force_spill_from_env() -> f64 {
     match std::env::var(FORCE_SPILL_ENV) {
         Ok(v) if v.eq_ignore_ascii_case("all") => 1.0,
         Ok(v) => v.parse::<f64>().map_or(0.0, |f| f.clamp(0.0, 1.0)),

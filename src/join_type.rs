@@ -192,6 +192,22 @@ pub enum BuildJoinType {
 }
 
 impl BuildJoinType {
+    /// Whether probe rows that can match no build row may be dropped before the join
+    /// without changing its output: the join does not output them, and needs no fact
+    /// about them (`NOT IN` with the subquery probing needs to know it saw a null or
+    /// any row at all).
+    pub fn may_skip_unmatchable_probe_rows(self) -> bool {
+        matches!(
+            self,
+            Self::Inner
+                | Self::BuildOuter
+                | Self::ProbeSemi
+                | Self::BuildSemi
+                | Self::BuildAnti
+                | Self::BuildMark
+        )
+    }
+
     /// Whether matched (build, probe) pairs are output.
     pub fn emits_pairs(self) -> bool {
         matches!(

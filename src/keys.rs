@@ -209,7 +209,7 @@ impl KeySpec {
 }
 
 /// The rows with a null in any of `columns`, or `None` when there are none.
-fn null_rows(columns: &[ArrayRef]) -> Option<NullBuffer> {
+pub(crate) fn null_rows(columns: &[ArrayRef]) -> Option<NullBuffer> {
     columns
         .iter()
         .fold(None, |acc: Option<NullBuffer>, c| {

@@ -31,7 +31,9 @@
 
 mod batches;
 mod bloom;
+mod bounds;
 mod build;
+mod cache;
 mod error;
 mod exec;
 pub mod filter;
@@ -42,9 +44,12 @@ pub mod keys;
 mod output;
 pub mod partition;
 mod plan;
+mod prepared;
 mod probe;
 pub mod table;
 
+pub use bounds::KeyBounds;
+pub use cache::{BuildCache, BuildKey};
 pub use error::{JoinError, Result, Side};
 pub use exec::{JoinPhase, MAX_DEPTH};
 pub use filter::{FilterPredicate, JoinFilter};
@@ -56,5 +61,6 @@ pub use join::{
 pub use join_type::{BuildJoinType, JoinType};
 pub use keys::NullEquality;
 pub use output::MARK_COLUMN;
+pub use prepared::PreparedBuild;
 pub use spilljoin_memory as memory;
 pub use spilljoin_spill as spill;

@@ -166,6 +166,7 @@ pub(crate) struct OutputSink {
     batch_size: usize,
     sender: Sender<Result<RecordBatch>>,
     rows: u64,
+    owned_buffers: bool,
 }
 
 impl OutputSink {
@@ -178,7 +179,14 @@ impl OutputSink {
             batch_size,
             sender,
             rows: 0,
+            owned_buffers: false,
         }
+    }
+
+    /// Makes every batch sent own all its buffers (see [`owned_batch`]).
+    pub fn with_owned_buffers(mut self, owned: bool) -> Self {
+        self.owned_buffers = owned;
+        self
     }
 
     /// Adds output rows; sends every batch that is complete.
@@ -210,6 +218,11 @@ impl OutputSink {
 
     fn send_completed(&mut self) -> Result<()> {
         while let Some(batch) = self.coalescer.next_completed_batch() {
+            let batch = if self.owned_buffers {
+                owned_batch(batch)?
+            } else {
+                batch
+            };
             self.rows += batch.num_rows() as u64;
             self.sender
                 .send(Ok(batch))
@@ -217,4 +230,76 @@ impl OutputSink {
         }
         Ok(())
     }
+}
+
+/// `batch` with every buffer its own: a gather (`take`) copies values, except the data
+/// buffers of view arrays (only the views are copied) and the values of dictionaries
+/// (only the keys are), which it shares with its source. Those are copied here, at any
+/// depth, so that an output batch never keeps a shared build alive.
+pub(crate) fn owned_batch(batch: RecordBatch) -> Result<RecordBatch> {
+    if !batch
+        .schema()
+        .fields()
+        .iter()
+        .any(|f| may_share(f.data_type()))
+    {
+        return Ok(batch);
+    }
+    let columns = batch
+        .columns()
+        .iter()
+        .map(owned_array)
+        .collect::<Result<Vec<_>>>()?;
+    Ok(RecordBatch::try_new_with_options(
+        batch.schema(),
+        columns,
+        &arrow_array::RecordBatchOptions::new().with_row_count(Some(batch.num_rows())),
+    )?)
+}
+
+/// Whether a gathered array of this type may share buffers with its source.
+fn may_share(data_type: &DataType) -> bool {
+    match data_type {
+        DataType::Utf8View | DataType::BinaryView | DataType::Dictionary(..) => true,
+        DataType::List(f)
+        | DataType::LargeList(f)
+        | DataType::ListView(f)
+        | DataType::LargeListView(f)
+        | DataType::FixedSizeList(f, _)
+        | DataType::Map(f, _) => may_share(f.data_type()),
+        DataType::Struct(fields) => fields.iter().any(|f| may_share(f.data_type())),
+        DataType::Union(fields, _) => fields.iter().any(|(_, f)| may_share(f.data_type())),
+        DataType::RunEndEncoded(_, values) => may_share(values.data_type()),
+        _ => false,
+    }
+}
+
+fn owned_array(array: &ArrayRef) -> Result<ArrayRef> {
+    use arrow_array::cast::AsArray;
+    if !may_share(array.data_type()) {
+        return Ok(Arc::clone(array));
+    }
+    Ok(match array.data_type() {
+        DataType::Utf8View => Arc::new(array.as_string_view().gc()),
+        DataType::BinaryView => Arc::new(array.as_binary_view().gc()),
+        DataType::Dictionary(..) => {
+            // A gather's keys are new; its values are the source's.
+            let dictionary = array.as_any_dictionary();
+            let values = dictionary.values();
+            let all = arrow_array::UInt32Array::from_iter_values(0..values.len() as u32);
+            let values = owned_array(&arrow_select::take::take(values.as_ref(), &all, None)?)?;
+            dictionary.with_values(values)
+        }
+        _ => {
+            // Nested: rebuild with owned children.
+            let data = array.to_data();
+            let children = data
+                .child_data()
+                .iter()
+                .map(|c| owned_array(&arrow_array::make_array(c.clone())).map(|a| a.to_data()))
+                .collect::<Result<Vec<_>>>()?;
+            let data = data.into_builder().child_data(children).build()?;
+            arrow_array::make_array(data)
+        }
+    })
 }

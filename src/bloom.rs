@@ -38,7 +38,29 @@ impl Bloom {
 
     /// An empty filter sized for about `rows` rows.
     pub fn new(rows: usize) -> Self {
-        let words = Self::words_for(rows);
+        Self::with_words(Self::words_for(rows))
+    }
+
+    /// The bytes of a membership filter over a whole build of `rows` rows
+    /// ([`Self::membership`]): `BITS_PER_ROW` bits a row, no 1 MiB cap.
+    pub fn membership_bytes_for(rows: usize) -> usize {
+        Self::membership_words_for(rows) * 8
+    }
+
+    fn membership_words_for(rows: usize) -> usize {
+        (rows * BITS_PER_ROW / 64)
+            .max(MIN_WORDS)
+            .next_power_of_two()
+    }
+
+    /// An empty filter for a whole build of about `rows` rows: small enough to stay
+    /// in cache where the build's tables do not, so a probe scan can test keys
+    /// cheaply before it decodes the rest of their rows.
+    pub fn membership(rows: usize) -> Self {
+        Self::with_words(Self::membership_words_for(rows))
+    }
+
+    fn with_words(words: usize) -> Self {
         Self {
             words: vec![0; words],
             mask: words - 1,

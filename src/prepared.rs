@@ -31,6 +31,7 @@ use crossbeam::channel::bounded;
 use spilljoin_spill::{SpillConfig, SpillFile, SpillManager};
 
 use crate::batches::panic_message;
+use crate::bloom::Bloom;
 use crate::bounds::KeyBounds;
 use crate::build::{build_side, BuiltSide, Partition};
 use crate::error::{JoinError, Result, Side};
@@ -38,6 +39,8 @@ use crate::exec::{run_prepared, Ctx, Level, SharedMetrics};
 use crate::hash::hash_keys;
 use crate::join::{force_spill_from_env, snapshot, HashJoin, JoinMetrics, JoinStream};
 use crate::keys::{normalize, null_rows, NullEquality};
+use crate::plan::JoinPlan;
+use spilljoin_memory::{MemoryConsumer, MemoryReservation};
 
 /// A build side built once, to be probed by any number of joins (see the module
 /// docs). Cloning it is cheap: clones share the build.
@@ -64,6 +67,11 @@ struct Prepared {
     /// Whether build rows with a key that never matches were kept.
     keeps_unmatchable: bool,
     metrics: JoinMetrics,
+    /// A bloom filter over the keys of the in-memory partitions, for `may_contain`
+    /// (`None` if memory did not allow it: the tables answer instead).
+    membership: Option<Bloom>,
+    /// Holds the membership filter's memory.
+    _membership_reservation: Option<MemoryReservation>,
     /// The spill files' directory, kept while the files are.
     _spill: SpillManager,
 }
@@ -257,6 +265,40 @@ impl HashJoin {
     }
 }
 
+/// A bloom filter over the hashes of `built`'s in-memory partitions, reserved from
+/// the join's pool; `None` if the pool refuses.
+fn membership_filter(
+    plan: &JoinPlan,
+    built: &BuiltSide,
+) -> (Option<Bloom>, Option<MemoryReservation>) {
+    let rows: usize = built
+        .partitions
+        .iter()
+        .map(|p| match p {
+            Partition::InMemory(part) => part.hashes.len(),
+            Partition::Spilled(_) => 0,
+        })
+        .sum();
+    let mut reservation = MemoryConsumer::new("spilljoin build membership").register(&plan.pool);
+    if reservation
+        .try_grow(Bloom::membership_bytes_for(rows))
+        .is_err()
+    {
+        return (None, None);
+    }
+    let mut bloom = Bloom::membership(rows);
+    for p in &built.partitions {
+        if let Partition::InMemory(part) = p {
+            // Partitions hold only rows whose key can match (every one is in the
+            // table).
+            for &hash in &part.hashes {
+                bloom.insert(hash);
+            }
+        }
+    }
+    (Some(bloom), Some(reservation))
+}
+
 /// Builds level 0 into a shareable build, shows it to `on_built`, then probes it.
 fn run_observed<B, P, F>(
     ctx: &Ctx<'_>,
@@ -293,6 +335,7 @@ impl PreparedBuild {
             .fetch_max(plan.pool.reserved() as u64, Ordering::Relaxed);
         let mut figures = snapshot(metrics, built._reservation.size() as u64);
         figures.build_rows = built.num_rows;
+        let (membership, membership_reservation) = membership_filter(plan, &built);
         Ok(PreparedBuild {
             inner: Arc::new(Prepared {
                 level,
@@ -303,6 +346,8 @@ impl PreparedBuild {
                 null_equality: plan.keys.null_equality,
                 keeps_unmatchable: plan.resolved.keeps_unmatchable_build_rows(),
                 metrics: figures,
+                membership,
+                _membership_reservation: membership_reservation,
                 built,
                 _spill: ctx.spill.clone(),
             }),
@@ -368,10 +413,10 @@ impl PreparedBuild {
     }
 
     /// For each row of the given probe key columns (in key order, of the key types):
-    /// could it match a build row? `false` is certain; `true` may be wrong for rows
-    /// of spilled partitions (a bloom filter) and, with probability about 2^-64, for
-    /// in-memory ones (equal 64-bit hashes). Rows with a null key are `false` unless
-    /// nulls equal nulls.
+    /// could it match a build row? `false` is certain; `true` may be wrong (bloom
+    /// filters: one over the in-memory partitions' keys, about 8 bits a key, small
+    /// enough to stay in cache, and those of the spilled partitions). Rows with a
+    /// null key are `false` unless nulls equal nulls.
     ///
     /// # Errors
     /// [`JoinError::InvalidJoin`] if the columns do not have the key types.
@@ -408,6 +453,9 @@ impl PreparedBuild {
                 continue;
             }
             let found = match &p.built.partitions[p.level.bits.partition_of(hash)] {
+                Partition::InMemory(_) if p.membership.is_some() => {
+                    p.membership.as_ref().is_some_and(|m| m.may_contain(hash))
+                }
                 Partition::InMemory(part) => {
                     let mut found = false;
                     part.table.for_each_candidate(hash, &part.hashes, |_| {

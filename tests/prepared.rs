@@ -344,9 +344,8 @@ fn key_bounds_and_membership() {
         }
         let strangers: ArrayRef = Arc::new(Int64Array::from_iter_values(1_000_000..1_010_000));
         let hits = prepared.may_contain(&[strangers]).unwrap().true_count();
-        // Exact in memory; a bloom filter's false positives when spilled.
-        let allowed = if force > 0.0 { 1_000 } else { 0 };
-        assert!(hits <= allowed, "{hits} false members (force {force})");
+        // Bloom filters: a few false positives.
+        assert!(hits <= 500, "{hits} false members of 10000 (force {force})");
         assert!(prepared
             .may_contain(&[Arc::new(Int32Array::from(vec![1])) as ArrayRef])
             .is_err());

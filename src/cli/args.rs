@@ -5,6 +5,7 @@
 
 use std::path::PathBuf;
 
+use crate::cli::pushdown::PushdownMode;
 use clap::{Args, Parser, Subcommand};
 use spilljoin::spill::SpillCompression;
 use spilljoin::JoinType;
@@ -183,6 +184,13 @@ pub struct JoinArgs {
     /// Always build on --right, whatever the inputs' sizes.
     #[arg(long, help_heading = "Join")]
     pub no_swap: bool,
+    /// What the Parquet probe scan skips once the build is known, for joins that do
+    /// not output unmatched probe rows: `bounds` skips row groups and pages whose key
+    /// statistics lie outside the build's key range; `all` also drops rows whose key
+    /// is not in the build (a bloom filter) before decoding their other columns;
+    /// `none` reads everything.
+    #[arg(long, value_enum, default_value_t = PushdownMode::Bounds, help_heading = "Join")]
+    pub pushdown: PushdownMode,
     /// Print the plan (build side and why, key types, partitions, memory limit,
     /// spill dir, filter, output) and exit without joining.
     #[arg(long, help_heading = "Join")]

@@ -31,6 +31,7 @@ use super::failure::Kind;
 use super::format::Format;
 use super::input::{Input, ReadCounters};
 use super::plan::Plan;
+use super::pushdown::PushdownCounters;
 
 /// How a run ended.
 pub struct Outcome<'a> {
@@ -52,6 +53,8 @@ pub struct Reads<'a> {
     pub left: &'a ReadCounters,
     /// Right input counters.
     pub right: &'a ReadCounters,
+    /// What the probe scan skipped.
+    pub pushdown: &'a PushdownCounters,
 }
 
 /// The process's peak resident set size in bytes (Linux: `VmHWM`), if known.
@@ -77,6 +80,7 @@ pub fn report(plan: &Plan, m: &JoinMetrics, reads: &Reads, outcome: &Outcome) ->
         })
     };
     let r = &plan.request;
+    let (p, get) = (reads.pushdown, PushdownCounters::get);
     let seconds = |d: Duration| (d.as_secs_f64() * 1e6).round() / 1e6;
     let peak_rss = peak_rss_bytes();
     let spill_dir = plan
@@ -125,6 +129,17 @@ pub fn report(plan: &Plan, m: &JoinMetrics, reads: &Reads, outcome: &Outcome) ->
             "dir": spill_dir.display().to_string(),
             "compression": plan.spill.compression.to_string(),
             "max_bytes": plan.spill.disk_quota_bytes,
+        },
+        "pushdown": {
+            "mode": format!("{:?}", r.pushdown).to_lowercase(),
+            "applies": plan.pushdown_applies(),
+            "row_groups": get(&p.row_groups),
+            "row_groups_skipped": get(&p.row_groups_skipped),
+            "pages_skipped": get(&p.pages_skipped),
+            "rows_skipped_by_bounds": get(&p.rows_skipped_by_bounds),
+            "bytes_skipped": get(&p.bytes_skipped),
+            "rows_tested_by_membership": get(&p.rows_tested),
+            "rows_dropped_by_membership": get(&p.rows_dropped_by_membership),
         },
         "memory": {
             "limit_bytes": plan.limit_bytes,

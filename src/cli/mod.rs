@@ -19,6 +19,7 @@ mod metrics;
 mod output;
 mod plan;
 mod progress;
+mod pushdown;
 mod run;
 mod select;
 mod signals;

@@ -31,6 +31,7 @@ use super::filter::Filter;
 use super::input::Input;
 use super::output::OutputSpec;
 use super::progress::human_bytes;
+use super::pushdown::PushdownMode;
 use super::select::{self, Selected};
 use super::suggest::no_such_column;
 
@@ -54,6 +55,8 @@ pub struct JoinRequest {
     pub output: OutputSpec,
     /// Whether the smaller input may build.
     pub swap: bool,
+    /// What the probe scan may skip.
+    pub pushdown: PushdownMode,
     /// Run settings.
     pub run: RunArgs,
 }
@@ -181,6 +184,37 @@ impl Plan {
         })
     }
 
+    /// Whether the probe scan skips what the build rules out: a Parquet probe input,
+    /// a join type that does not need unmatchable probe rows, and `--pushdown` not
+    /// `none`.
+    pub fn pushdown_applies(&self) -> bool {
+        let probe = match self.join.build_side() {
+            Side::Left => &self.request.right,
+            Side::Right => &self.request.left,
+        };
+        self.request.pushdown != PushdownMode::None
+            && self.join.may_skip_unmatchable_probe_rows()
+            && probe.format() == crate::cli::format::Format::Parquet
+    }
+
+    fn pushdown_text(&self) -> String {
+        if self.pushdown_applies() {
+            match self.request.pushdown {
+                PushdownMode::All => "the probe scan skips row groups and pages outside the build's key bounds, and rows whose key is not in the build".into(),
+                _ => "the probe scan skips row groups and pages outside the build's key bounds".into(),
+            }
+        } else if self.request.pushdown == PushdownMode::None {
+            "none (--pushdown none)".into()
+        } else if !self.join.may_skip_unmatchable_probe_rows() {
+            format!(
+                "none: a {} join needs every probe row",
+                self.request.join_type
+            )
+        } else {
+            "none: the probe input is not Parquet".into()
+        }
+    }
+
     /// The plan as `--explain` prints it.
     pub fn explain(&self) -> String {
         let r = &self.request;
@@ -214,6 +248,7 @@ impl Plan {
                 .map(|((l, rr), t)| format!("left.{l} = right.{rr} ({t})"))
                 .collect();
         line("keys", keys.join(", "));
+        line("pushdown", self.pushdown_text());
         line(
             "filter",
             match &self.filter {

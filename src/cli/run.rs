@@ -12,7 +12,7 @@
 //!                --metrics report
 //! ```
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 
 use anyhow::Result;
@@ -29,6 +29,7 @@ use super::metrics::{self, Outcome, Reads};
 use super::output::{OutputSpec, OutputWriter};
 use super::plan::{JoinRequest, Plan};
 use super::progress::{human_bytes, Progress, SideProgress};
+use super::pushdown::{ProbePushdown, PushdownCounters};
 use super::signals::{signal_name, Interrupt};
 
 /// Runs `spilljoin join`.
@@ -76,6 +77,7 @@ pub fn join(args: JoinArgs, interrupt: &Interrupt) -> Result<()> {
         filter: args.filter,
         output,
         swap: !args.no_swap,
+        pushdown: args.pushdown,
         run: args.run,
     })?;
     if args.explain {
@@ -97,7 +99,8 @@ pub fn execute(plan: &Plan, interrupt: &Interrupt) -> Result<()> {
     );
     let mut rows = 0u64;
     let mut metrics = JoinMetrics::default();
-    let result = run(plan, interrupt, &counters, &mut rows, &mut metrics);
+    let pushed = Arc::new(PushdownCounters::default());
+    let result = run(plan, interrupt, &counters, &pushed, &mut rows, &mut metrics);
     let result = match result {
         // The reader of stdout has all it wanted (`spilljoin ... | head`).
         Err(e) if stdout_closed(&e, &plan.request.output) => Ok(()),
@@ -124,6 +127,7 @@ pub fn execute(plan: &Plan, interrupt: &Interrupt) -> Result<()> {
         let reads = Reads {
             left: &counters.0,
             right: &counters.1,
+            pushdown: &pushed,
         };
         let written = metrics::write(path, &metrics::report(plan, &metrics, &reads, &outcome));
         // The join's own error matters more than the report's.
@@ -133,7 +137,7 @@ pub fn execute(plan: &Plan, interrupt: &Interrupt) -> Result<()> {
     }
     result?;
     if !plan.request.run.quiet {
-        summary(plan, rows, elapsed, &metrics);
+        summary(plan, rows, elapsed, &metrics, &pushed);
     }
     Ok(())
 }
@@ -143,6 +147,7 @@ fn run(
     plan: &Plan,
     interrupt: &Interrupt,
     counters: &(Arc<ReadCounters>, Arc<ReadCounters>),
+    pushed: &Arc<PushdownCounters>,
     rows: &mut u64,
     metrics: &mut JoinMetrics,
 ) -> Result<()> {
@@ -163,14 +168,52 @@ fn run(
         interrupt.remove_on_forced_exit(temp.to_path_buf());
     }
     let (batch_size, threads) = (r.run.batch_size, plan.threads);
-    let left = r
-        .left
-        .streams(&plan.left_columns, batch_size, threads, &counters.0)?;
-    let right = r
-        .right
-        .streams(&plan.right_columns, batch_size, threads, &counters.1)?;
+    // The probe scan learns the build's facts when the build is done (its readers
+    // open after that).
+    let pushdown = plan.pushdown_applies().then(|| {
+        let probe_keys =
+            r.on.iter()
+                .map(|(l, rr)| match join.build_side() {
+                    Side::Right => l.clone(),
+                    Side::Left => rr.clone(),
+                })
+                .collect();
+        Arc::new(ProbePushdown {
+            build: Arc::new(OnceLock::new()),
+            keys: probe_keys,
+            mode: r.pushdown,
+            null_equality: r.null_equality,
+            counters: Arc::clone(pushed),
+        })
+    });
+    let for_side = |side: Side| pushdown.as_ref().filter(|_| join.build_side() != side);
+    let left = r.left.streams(
+        &plan.left_columns,
+        batch_size,
+        threads,
+        &counters.0,
+        for_side(Side::Left),
+    )?;
+    let right = r.right.streams(
+        &plan.right_columns,
+        batch_size,
+        threads,
+        &counters.1,
+        for_side(Side::Right),
+    )?;
     interrupted(interrupt)?;
-    let mut stream = join.execute_partitioned(left, right)?;
+    let mut stream = match pushdown {
+        Some(pushdown) => {
+            // Only the probe readers keep the build's handle, so its memory goes when
+            // they are done.
+            let slot = Arc::clone(&pushdown.build);
+            drop(pushdown);
+            join.execute_partitioned_observed(left, right, move |build| {
+                let _ = slot.set(build.clone());
+            })?
+        }
+        None => join.execute_partitioned(left, right)?,
+    };
     interrupt.watch(stream.cancel_handle());
 
     let side = |input: &Input, counters: &Arc<ReadCounters>| SideProgress {
@@ -297,7 +340,13 @@ fn with_hints(e: anyhow::Error, plan: &Plan) -> anyhow::Error {
 }
 
 /// The lines on stderr after a join: rows, time, phases, memory, spilling.
-fn summary(plan: &Plan, rows: u64, elapsed: std::time::Duration, m: &JoinMetrics) {
+fn summary(
+    plan: &Plan,
+    rows: u64,
+    elapsed: std::time::Duration,
+    m: &JoinMetrics,
+    pushed: &PushdownCounters,
+) {
     eprintln!(
         "rows: {rows} elapsed: {:.3} s (build {:.3} s, probe {:.3} s; build rows {}, probe rows {}; peak reserved {} of {})",
         elapsed.as_secs_f64(),
@@ -308,6 +357,19 @@ fn summary(plan: &Plan, rows: u64, elapsed: std::time::Duration, m: &JoinMetrics
         human_bytes(m.peak_reserved_bytes),
         human_bytes(plan.limit_bytes),
     );
+    if plan.pushdown_applies() {
+        let get = PushdownCounters::get;
+        eprintln!(
+            "pushdown: probe scan skipped {} of {} row groups, {} pages, {} rows ({}) by key bounds; {} of {} rows dropped by build membership",
+            get(&pushed.row_groups_skipped),
+            get(&pushed.row_groups),
+            get(&pushed.pages_skipped),
+            get(&pushed.rows_skipped_by_bounds),
+            human_bytes(get(&pushed.bytes_skipped)),
+            get(&pushed.rows_dropped_by_membership),
+            get(&pushed.rows_tested),
+        );
+    }
     if m.spill_files > 0 {
         eprintln!(
             "spilled: build {} rows ({}), probe {} rows ({}) in {} files; {} partitions, depth {}, {} fallbacks; {} probe rows skipped by bloom filters; spilled pairs took {:.3} s",

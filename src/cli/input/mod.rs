@@ -33,6 +33,7 @@ use spilljoin::{InputStatistics, Side};
 
 use super::failure::Kind;
 use super::format::{CsvOptions, Format, EXTENSIONS};
+use super::pushdown::ProbePushdown;
 
 /// A stream of batches of one input.
 pub type BatchStream = Box<dyn Iterator<Item = Result<RecordBatch, ArrowError>> + Send>;
@@ -276,7 +277,8 @@ impl Input {
     /// ascending), which together yield every row once; each batch is counted in
     /// `counters`. Parquet splits row groups and Arrow files record batches into
     /// runs of about the same rows; CSV, NDJSON and Arrow streams give one stream
-    /// per file.
+    /// per file. A Parquet probe input given `pushdown` skips what the build rules
+    /// out (other formats ignore it).
     ///
     /// # Errors
     /// A file that cannot be opened again. Errors while decoding come through the
@@ -287,9 +289,10 @@ impl Input {
         batch_size: usize,
         parts: usize,
         counters: &Arc<ReadCounters>,
+        pushdown: Option<&Arc<ProbePushdown>>,
     ) -> Result<Vec<BatchStream>> {
         let chains: Vec<Vec<Opener>> = match &self.source {
-            Source::Parquet(p) => p.openers(columns, batch_size, parts.max(1)),
+            Source::Parquet(p) => p.openers(columns, batch_size, parts.max(1), pushdown),
             Source::Arrow(a) => a.openers(columns, parts.max(1), counters),
             Source::Arrows => per_file(&self.files, |path| {
                 ipc::stream_opener(path, columns.to_vec(), counters)

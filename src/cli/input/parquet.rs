@@ -18,9 +18,11 @@ use parquet::arrow::arrow_reader::{
     ParquetRecordBatchReaderBuilder,
 };
 use parquet::arrow::ProjectionMask;
+use parquet::file::metadata::PageIndexPolicy;
 
 use super::{BatchStream, Opener};
 use crate::cli::failure::Kind;
+use crate::cli::pushdown::{ProbePushdown, PushdownMode, ScanPlan};
 
 /// The files of a Parquet input and their footers.
 pub struct ParquetSource {
@@ -50,11 +52,14 @@ impl ParquetSource {
         for path in paths {
             let file = File::open(path)
                 .with_context(|| Kind::Input.context(format!("cannot open {}", path.display())))?;
-            let metadata = ArrowReaderMetadata::load(&file, ArrowReaderOptions::default())
-                .with_context(|| {
-                    Kind::Input
-                        .context(format!("{} is not a readable Parquet file", path.display()))
-                })?;
+            // The page index lets a probe scan skip pages (see `cli::pushdown`).
+            let metadata = ArrowReaderMetadata::load(
+                &file,
+                ArrowReaderOptions::new().with_page_index_policy(PageIndexPolicy::Optional),
+            )
+            .with_context(|| {
+                Kind::Input.context(format!("{} is not a readable Parquet file", path.display()))
+            })?;
             if let Some(first) = files.first() {
                 super::check_same_columns(
                     &first.path,
@@ -117,15 +122,33 @@ impl ParquetSource {
         columns: &[usize],
         batch_size: usize,
         parts: usize,
+        pushdown: Option<&Arc<ProbePushdown>>,
     ) -> Vec<Vec<Opener>> {
+        // With a membership filter each row group gets its own reader, so the scan
+        // can stop filtering once it learns that filtering does not pay.
+        let per_group = pushdown.is_some_and(|p| p.mode == PushdownMode::All);
         self.split(parts)
             .into_iter()
             .map(|runs| {
                 runs.into_iter()
+                    .flat_map(|run| -> Vec<Run> {
+                        if per_group {
+                            run.row_groups
+                                .iter()
+                                .map(|&g| Run {
+                                    file: run.file,
+                                    row_groups: vec![g],
+                                })
+                                .collect()
+                        } else {
+                            vec![run]
+                        }
+                    })
                     .map(|run| {
                         let file = &self.files[run.file];
                         let (path, metadata) = (file.path.clone(), file.metadata.clone());
                         let columns = columns.to_vec();
+                        let pushdown = pushdown.cloned();
                         Opener::new(&file.path, move || {
                             let reader = Self::reader(
                                 &path,
@@ -133,6 +156,7 @@ impl ParquetSource {
                                 run.row_groups,
                                 &columns,
                                 batch_size,
+                                pushdown.as_deref(),
                             )?;
                             Ok(Box::new(reader) as BatchStream)
                         })
@@ -142,7 +166,9 @@ impl ParquetSource {
             .collect()
     }
 
-    /// The reader of `row_groups` of one file, decoding only `columns`.
+    /// The reader of `row_groups` of one file, decoding only `columns`, and skipping
+    /// what the build side's facts rule out (`pushdown`; the reader is opened after the
+    /// build).
     ///
     /// This is the one place Parquet readers are built.
     fn reader(
@@ -151,15 +177,30 @@ impl ParquetSource {
         row_groups: Vec<usize>,
         columns: &[usize],
         batch_size: usize,
+        pushdown: Option<&ProbePushdown>,
     ) -> Result<ParquetRecordBatchReader, ArrowError> {
+        let scan = match pushdown {
+            Some(pushdown) => pushdown.plan(&metadata, row_groups, columns)?,
+            None => ScanPlan {
+                row_groups,
+                selection: None,
+                row_filter: None,
+            },
+        };
         let file = File::open(path)?;
         let builder = ParquetRecordBatchReaderBuilder::new_with_metadata(file, metadata);
         let mask = ProjectionMask::roots(builder.parquet_schema(), columns.iter().copied());
-        Ok(builder
+        let mut builder = builder
             .with_projection(mask)
-            .with_row_groups(row_groups)
-            .with_batch_size(batch_size)
-            .build()?)
+            .with_row_groups(scan.row_groups)
+            .with_batch_size(batch_size);
+        if let Some(selection) = scan.selection {
+            builder = builder.with_row_selection(selection);
+        }
+        if let Some(filter) = scan.row_filter {
+            builder = builder.with_row_filter(filter);
+        }
+        Ok(builder.build()?)
     }
 
     /// Splits every row group of every file into at most `parts` groups of runs,

@@ -2,6 +2,9 @@
 
 mod cli;
 
+#[global_allocator]
+static ALLOCATOR: cli::hugepages::HugePageAlloc = cli::hugepages::HugePageAlloc;
+
 fn main() {
     std::process::exit(cli::main());
 }

@@ -39,7 +39,6 @@ use crate::exec::{run_prepared, Ctx, Level, SharedMetrics};
 use crate::hash::hash_keys;
 use crate::join::{force_spill_from_env, snapshot, HashJoin, JoinMetrics, JoinStream};
 use crate::keys::{normalize, null_rows, NullEquality};
-use crate::plan::JoinPlan;
 use spilljoin_memory::{MemoryConsumer, MemoryReservation};
 
 /// A build side built once, to be probed by any number of joins (see the module
@@ -69,9 +68,10 @@ struct Prepared {
     metrics: JoinMetrics,
     /// A bloom filter over the keys of the in-memory partitions, for `may_contain`
     /// (`None` if memory did not allow it: the tables answer instead).
-    membership: Option<Bloom>,
-    /// Holds the membership filter's memory.
-    _membership_reservation: Option<MemoryReservation>,
+    /// Built on the first `may_contain`; `None` inside if memory did not allow it.
+    membership: std::sync::OnceLock<Option<(Bloom, MemoryReservation)>>,
+    /// The pool the build reserves from (for the membership filter).
+    pool: Arc<dyn spilljoin_memory::MemoryPool>,
     /// The spill files' directory, kept while the files are.
     _spill: SpillManager,
 }
@@ -268,9 +268,9 @@ impl HashJoin {
 /// A bloom filter over the hashes of `built`'s in-memory partitions, reserved from
 /// the join's pool; `None` if the pool refuses.
 fn membership_filter(
-    plan: &JoinPlan,
+    pool: &Arc<dyn spilljoin_memory::MemoryPool>,
     built: &BuiltSide,
-) -> (Option<Bloom>, Option<MemoryReservation>) {
+) -> Option<(Bloom, MemoryReservation)> {
     let rows: usize = built
         .partitions
         .iter()
@@ -279,12 +279,12 @@ fn membership_filter(
             Partition::Spilled(_) => 0,
         })
         .sum();
-    let mut reservation = MemoryConsumer::new("spilljoin build membership").register(&plan.pool);
+    let mut reservation = MemoryConsumer::new("spilljoin build membership").register(pool);
     if reservation
         .try_grow(Bloom::membership_bytes_for(rows))
         .is_err()
     {
-        return (None, None);
+        return None;
     }
     let mut bloom = Bloom::membership(rows);
     for p in &built.partitions {
@@ -296,7 +296,7 @@ fn membership_filter(
             }
         }
     }
-    (Some(bloom), Some(reservation))
+    Some((bloom, reservation))
 }
 
 /// Builds level 0 into a shareable build, shows it to `on_built`, then probes it.
@@ -335,7 +335,6 @@ impl PreparedBuild {
             .fetch_max(plan.pool.reserved() as u64, Ordering::Relaxed);
         let mut figures = snapshot(metrics, built._reservation.size() as u64);
         figures.build_rows = built.num_rows;
-        let (membership, membership_reservation) = membership_filter(plan, &built);
         Ok(PreparedBuild {
             inner: Arc::new(Prepared {
                 level,
@@ -346,8 +345,8 @@ impl PreparedBuild {
                 null_equality: plan.keys.null_equality,
                 keeps_unmatchable: plan.resolved.keeps_unmatchable_build_rows(),
                 metrics: figures,
-                membership,
-                _membership_reservation: membership_reservation,
+                membership: std::sync::OnceLock::new(),
+                pool: Arc::clone(&plan.pool),
                 built,
                 _spill: ctx.spill.clone(),
             }),
@@ -446,6 +445,9 @@ impl PreparedBuild {
         let mut hashes = Vec::with_capacity(n);
         hash_keys(&columns, n, &mut hashes)?;
         let nulls_never_match = p.null_equality == NullEquality::NullEqualsNothing;
+        let membership = p
+            .membership
+            .get_or_init(|| membership_filter(&p.pool, &p.built));
         let mut out = BooleanBufferBuilder::new(n);
         for (row, &hash) in hashes.iter().enumerate() {
             if nulls_never_match && nulls.as_ref().is_some_and(|nb| nb.is_null(row)) {
@@ -453,9 +455,9 @@ impl PreparedBuild {
                 continue;
             }
             let found = match &p.built.partitions[p.level.bits.partition_of(hash)] {
-                Partition::InMemory(_) if p.membership.is_some() => {
-                    p.membership.as_ref().is_some_and(|m| m.may_contain(hash))
-                }
+                Partition::InMemory(_) if membership.is_some() => membership
+                    .as_ref()
+                    .is_some_and(|(m, _)| m.may_contain(hash)),
                 Partition::InMemory(part) => {
                     let mut found = false;
                     part.table.for_each_candidate(hash, &part.hashes, |_| {

@@ -14,6 +14,7 @@ mod demo;
 mod failure;
 mod filter;
 mod format;
+pub mod hugepages;
 mod input;
 mod metrics;
 mod output;

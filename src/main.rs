@@ -3,7 +3,7 @@
 mod cli;
 
 #[global_allocator]
-static ALLOCATOR: cli::hugepages::HugePageAlloc = cli::hugepages::HugePageAlloc;
+static ALLOCATOR: cli::allocator::HugePageAlloc = cli::allocator::HugePageAlloc;
 
 fn main() {
     std::process::exit(cli::main());

@@ -14,7 +14,7 @@ mod demo;
 mod failure;
 mod filter;
 mod format;
-pub mod hugepages;
+pub mod allocator;
 mod input;
 mod metrics;
 mod output;

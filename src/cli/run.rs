@@ -227,6 +227,7 @@ fn run(
         Side::Left => (left_progress, right_progress),
         Side::Right => (right_progress, left_progress),
     };
+    let _trim = super::allocator::ReleaseOnPhaseChange::start(stream.metrics_handle());
     let progress = Progress::start(
         r.run.quiet,
         stream.metrics_handle(),

@@ -1,0 +1,135 @@
+//! The command line's allocator policy: the system allocator, asking the kernel for
+//! transparent huge pages on large allocations, and handing freed memory back to the
+//! kernel when the join changes phase.
+//!
+//! A join's hash tables, key arrays and build columns are hundreds of MiB read at
+//! random; with 4 KiB pages nearly every probe lookup also misses the TLB. Where the
+//! kernel's transparent huge pages are in `madvise` mode (a common default), memory
+//! is only backed by 2 MiB pages if asked for, so every allocation of at least
+//! [`HUGE_MIN_BYTES`] is advised `MADV_HUGEPAGE` before it is first touched (glibc
+//! serves such sizes with fresh mappings). It changes nothing else: the memory is
+//! the same and is returned as before. The library leaves allocation to its users.
+//!
+//! glibc keeps freed small blocks (a build's per-batch partition fragments, thousands
+//! of a few KiB each, freed when partitions are concatenated or spilled) in its heap,
+//! where they count in the process's RSS although the join has released them. At each
+//! phase change ([`ReleaseOnPhaseChange`]) `malloc_trim` returns such free pages, so
+//! RSS follows what the join's memory pool holds.
+
+use std::alloc::{GlobalAlloc, Layout, System};
+
+/// Allocations at least this large are advised to use huge pages.
+pub const HUGE_MIN_BYTES: usize = 4 << 20;
+
+const HUGE_PAGE: usize = 2 << 20;
+
+/// [`System`], advising large allocations to use transparent huge pages.
+pub struct HugePageAlloc;
+
+fn advise(ptr: *mut u8, len: usize) {
+    #[cfg(target_os = "linux")]
+    {
+        let start = (ptr as usize).next_multiple_of(HUGE_PAGE);
+        let end = (ptr as usize + len) / HUGE_PAGE * HUGE_PAGE;
+        if end > start {
+            // SAFETY: the range lies inside an allocation this process owns; the
+            // advice only changes how the kernel backs it, never its contents.
+            unsafe {
+                libc::madvise(start as *mut libc::c_void, end - start, libc::MADV_HUGEPAGE);
+            }
+        }
+    }
+    #[cfg(not(target_os = "linux"))]
+    let _ = (ptr, len);
+}
+
+// SAFETY: every call is forwarded to `System`, which upholds `GlobalAlloc`'s contract;
+// `advise` does not touch the memory.
+unsafe impl GlobalAlloc for HugePageAlloc {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        let ptr = System.alloc(layout);
+        if layout.size() >= HUGE_MIN_BYTES && !ptr.is_null() {
+            advise(ptr, layout.size());
+        }
+        ptr
+    }
+
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        // Zeroed memory from a fresh mapping is not touched by the allocator, so the
+        // advice still applies to every page.
+        let ptr = System.alloc_zeroed(layout);
+        if layout.size() >= HUGE_MIN_BYTES && !ptr.is_null() {
+            advise(ptr, layout.size());
+        }
+        ptr
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        System.dealloc(ptr, layout)
+    }
+
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        let new = System.realloc(ptr, layout, new_size);
+        if new_size >= HUGE_MIN_BYTES && !new.is_null() {
+            advise(new, new_size);
+        }
+        new
+    }
+}
+
+/// Returns free heap memory to the kernel (glibc's `malloc_trim`).
+pub fn release_free_memory() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: `malloc_trim` only releases memory the allocator holds free.
+    unsafe {
+        libc::malloc_trim(0);
+    }
+}
+
+/// A thread that calls [`release_free_memory`] whenever a running join changes phase
+/// (build, probe, spilled partitions) and every [`TRIM_INTERVAL`] while it joins
+/// spilled partitions (each of which builds and frees tables).
+pub struct ReleaseOnPhaseChange {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+/// How often free memory is released while spilled partitions are joined.
+pub const TRIM_INTERVAL: std::time::Duration = std::time::Duration::from_millis(500);
+
+impl ReleaseOnPhaseChange {
+    /// Starts watching `metrics`.
+    pub fn start(metrics: spilljoin::MetricsHandle) -> Self {
+        use std::sync::atomic::Ordering;
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let flag = std::sync::Arc::clone(&stop);
+        let thread = std::thread::Builder::new()
+            .name("spilljoin-trim".into())
+            .spawn(move || {
+                let mut phase = metrics.metrics().phase;
+                let mut last = std::time::Instant::now();
+                while !flag.load(Ordering::Relaxed) {
+                    std::thread::sleep(std::time::Duration::from_millis(20));
+                    let now = metrics.metrics().phase;
+                    let periodic = now == spilljoin::JoinPhase::SpilledPairs
+                        && last.elapsed() >= TRIM_INTERVAL;
+                    if now != phase || periodic {
+                        release_free_memory();
+                        phase = now;
+                        last = std::time::Instant::now();
+                    }
+                }
+            })
+            .ok();
+        Self { stop, thread }
+    }
+}
+
+impl Drop for ReleaseOnPhaseChange {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}

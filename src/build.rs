@@ -752,7 +752,10 @@ impl<'a> BuildCollector<'a> {
 fn finish_bytes(plan: &JoinPlan, part: &PartitionBuffer) -> usize {
     let rows = part.rows;
     let keys = if plan.keys.is_word_key() {
-        rows * 9
+        // 8-byte keys are read in place (`keys::words_of`); narrower ones are
+        // widened to a word. Plus a validity bit.
+        let width = plan.keys.types[0].primitive_width().unwrap_or(1);
+        (if width == 8 { 0 } else { rows * 8 }) + rows.div_ceil(8)
     } else {
         part.bytes / 2 + rows * 12
     };
@@ -819,6 +822,13 @@ pub(crate) fn finish_partition(
         .collect::<Result<Vec<_>>>()?;
     let keys = plan.keys.keys_of(key_columns)?;
     let table = ChainedTable::build(&hashes, |_| true);
+    // Word keys are compared directly, never by their hash (`KeyEq::CHECK_HASH_FIRST`):
+    // their hashes are not kept past the table (a third of a partition's overhead).
+    let hashes = if plan.keys.is_word_key() {
+        Vec::new()
+    } else {
+        hashes
+    };
     let actual = batch_bytes(&batch) + hashes.capacity() * 8 + keys.repr.size() + table.size();
     {
         let mut res = lock(reservation);

@@ -270,12 +270,13 @@ impl HashJoin {
 fn membership_filter(
     pool: &Arc<dyn spilljoin_memory::MemoryPool>,
     built: &BuiltSide,
+    key_columns: &[usize],
 ) -> Option<(Bloom, MemoryReservation)> {
     let rows: usize = built
         .partitions
         .iter()
         .map(|p| match p {
-            Partition::InMemory(part) => part.hashes.len(),
+            Partition::InMemory(part) => part.batch.num_rows(),
             Partition::Spilled(_) => 0,
         })
         .sum();
@@ -290,9 +291,22 @@ fn membership_filter(
     for p in &built.partitions {
         if let Partition::InMemory(part) = p {
             // Partitions hold only rows whose key can match (every one is in the
-            // table).
-            for &hash in &part.hashes {
-                bloom.insert(hash);
+            // table). Word-key partitions keep no hashes: hash their keys again.
+            if part.hashes.len() == part.batch.num_rows() {
+                for &hash in &part.hashes {
+                    bloom.insert(hash);
+                }
+            } else {
+                let columns = key_columns
+                    .iter()
+                    .map(|&c| normalize(part.batch.column(c)))
+                    .collect::<Result<Vec<_>>>()
+                    .ok()?;
+                let mut hashes = Vec::new();
+                hash_keys(&columns, part.batch.num_rows(), &mut hashes).ok()?;
+                for hash in hashes {
+                    bloom.insert(hash);
+                }
             }
         }
     }
@@ -447,7 +461,7 @@ impl PreparedBuild {
         let nulls_never_match = p.null_equality == NullEquality::NullEqualsNothing;
         let membership = p
             .membership
-            .get_or_init(|| membership_filter(&p.pool, &p.built));
+            .get_or_init(|| membership_filter(&p.pool, &p.built, &p.key_columns));
         let mut out = BooleanBufferBuilder::new(n);
         for (row, &hash) in hashes.iter().enumerate() {
             if nulls_never_match && nulls.as_ref().is_some_and(|nb| nb.is_null(row)) {
@@ -458,6 +472,9 @@ impl PreparedBuild {
                 Partition::InMemory(_) if membership.is_some() => membership
                     .as_ref()
                     .is_some_and(|(m, _)| m.may_contain(hash)),
+                // No filter (memory refused it) and no hashes kept (word keys):
+                // maybe.
+                Partition::InMemory(part) if part.hashes.len() != part.batch.num_rows() => true,
                 Partition::InMemory(part) => {
                     let mut found = false;
                     part.table.for_each_candidate(hash, &part.hashes, |_| {

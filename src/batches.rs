@@ -110,11 +110,17 @@ pub(crate) fn run_workers(
             })
             .collect()
     });
-    // Prefer a real error over the `Cancelled` that other workers saw because of it.
-    let mut first = None;
+    // Prefer the root cause over what other workers saw because of it: `Cancelled`,
+    // and a spill writer that "failed earlier" (another worker's write failed).
+    let rank = |e: &JoinError| match e {
+        JoinError::Cancelled => 0,
+        JoinError::Spill(spilljoin_spill::SpillError::WriterFailed { .. }) => 1,
+        _ => 2,
+    };
+    let mut first: Option<JoinError> = None;
     for result in results {
         if let Err(e) = result {
-            if matches!(first, None | Some(JoinError::Cancelled)) {
+            if first.as_ref().is_none_or(|f| rank(&e) > rank(f)) {
                 first = Some(e);
             }
         }

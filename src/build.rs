@@ -271,6 +271,9 @@ impl<'a> BuildCollector<'a> {
         );
         ctx.metrics.spill_files.fetch_add(1, Ordering::Relaxed);
         ctx.metrics
+            .build_spill_files
+            .fetch_add(1, Ordering::Relaxed);
+        ctx.metrics
             .partitions_spilled
             .fetch_add(1, Ordering::Relaxed);
         // The filter is sized for the rows seen so far times the input still to come,
@@ -373,6 +376,9 @@ impl<'a> BuildCollector<'a> {
                     .create_writer(Arc::clone(&ctx.plan.build_schema), &label)?,
             );
             ctx.metrics.spill_files.fetch_add(1, Ordering::Relaxed);
+            ctx.metrics
+                .build_spill_files
+                .fetch_add(1, Ordering::Relaxed);
         }
         for (batch, _) in std::mem::take(&mut part.fragments) {
             if let Some(w) = part.writer.as_mut() {

@@ -171,20 +171,30 @@ impl BuildCache {
                     let mut state = lock(&self.state);
                     state.clock += 1;
                     let now = state.clock;
-                    // A newer version replaces the older ones.
-                    state.entries.retain(|k, e| {
-                        k.identity != key.identity
-                            || k.version >= key.version
-                            || matches!(e, Entry::Building(_))
+                    // A newer version replaces the older ones; an older one that
+                    // finishes after a newer is cached is handed out, not cached.
+                    let newer_cached = state.entries.iter().any(|(k, e)| {
+                        k.identity == key.identity
+                            && k.version > key.version
+                            && matches!(e, Entry::Ready { .. })
                     });
-                    state.entries.insert(
-                        key.clone(),
-                        Entry::Ready {
-                            build: build.clone(),
-                            last_used: now,
-                        },
-                    );
-                    self.evict(&mut state);
+                    if newer_cached {
+                        state.entries.remove(&key);
+                    } else {
+                        state.entries.retain(|k, e| {
+                            k.identity != key.identity
+                                || k.version >= key.version
+                                || matches!(e, Entry::Building(_))
+                        });
+                        state.entries.insert(
+                            key.clone(),
+                            Entry::Ready {
+                                build: build.clone(),
+                                last_used: now,
+                            },
+                        );
+                        self.evict(&mut state);
+                    }
                 }
                 flight.complete(Ok(build.clone()));
                 Ok(build)

@@ -68,6 +68,8 @@ pub(crate) struct SharedMetrics {
     pub probe_bytes_spilled: AtomicU64,
     pub probe_rows_skipped: AtomicU64,
     pub spill_files: AtomicU64,
+    pub build_spill_files: AtomicU64,
+    pub probe_spill_files: AtomicU64,
     pub partitions_spilled: AtomicU64,
     pub max_depth: AtomicU64,
     pub fallbacks: AtomicU64,

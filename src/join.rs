@@ -461,6 +461,8 @@ pub(crate) fn snapshot(m: &SharedMetrics, reserved_bytes: u64) -> JoinMetrics {
             probe_bytes_spilled: m.probe_bytes_spilled.load(Ordering::Relaxed),
             probe_rows_skipped: m.probe_rows_skipped.load(Ordering::Relaxed),
             spill_files: m.spill_files.load(Ordering::Relaxed),
+            build_spill_files: m.build_spill_files.load(Ordering::Relaxed),
+            probe_spill_files: m.probe_spill_files.load(Ordering::Relaxed),
             partitions_spilled: m.partitions_spilled.load(Ordering::Relaxed),
             max_depth: m.max_depth.load(Ordering::Relaxed),
             fallbacks: m.fallbacks.load(Ordering::Relaxed),
@@ -533,6 +535,11 @@ pub struct JoinMetrics {
     pub probe_rows_skipped: u64,
     /// Spill files created.
     pub spill_files: u64,
+    /// Build-side spill files created (at every level; a swapped pair's build side
+    /// is the probe input's).
+    pub build_spill_files: u64,
+    /// Probe-side spill files created (at every level).
+    pub probe_spill_files: u64,
     /// Build partitions spilled (at every level).
     pub partitions_spilled: u64,
     /// The deepest recursion level reached (0: nothing was repartitioned).

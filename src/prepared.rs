@@ -385,7 +385,13 @@ impl PreparedBuild {
     /// Bytes it holds reserved in the pool it was built with (spilled partitions are
     /// on disk and not counted).
     pub fn memory_bytes(&self) -> usize {
-        self.inner.built._reservation.size()
+        let membership = self
+            .inner
+            .membership
+            .get()
+            .and_then(|m| m.as_ref())
+            .map_or(0, |(_, r)| r.size());
+        self.inner.built._reservation.size() + membership
     }
 
     /// Partitions that were spilled to disk while building.

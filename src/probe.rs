@@ -245,6 +245,9 @@ impl ProbeState {
                     .create_writer(Arc::clone(&self.spill_schema), &spill.label)?,
             );
             ctx.metrics.spill_files.fetch_add(1, Ordering::Relaxed);
+            ctx.metrics
+                .probe_spill_files
+                .fetch_add(1, Ordering::Relaxed);
         }
         let pending = std::mem::take(&mut spill.pending);
         let merged = concat_batches(&self.spill_schema, &pending)?;

@@ -252,21 +252,25 @@ fn a_limit_below_the_floor_exits_7_and_says_the_floor() {
         .error(
             OUT_OF_MEMORY,
             &[
-                "memory limit 16.0 KiB is below this join's floor of 4.0 MiB",
+                "memory limit 16.0 KiB is too small for this join",
                 "resources exhausted",
+                "finish from 4.0 MiB",
                 "--memory-limit 4MiB",
             ],
         );
     assert!(line.contains("largest consumers"), "{line}");
     // The floor grows with the batch size.
     f.join(&["--memory-limit", "16KiB", "--batch-size", "20000"])
-        .error(OUT_OF_MEMORY, &["floor of 12.0 MiB", "--batch-size 20000"]);
+        .error(
+            OUT_OF_MEMORY,
+            &["finish from 12.0 MiB", "--batch-size 20000"],
+        );
     // The metrics report says how it ended.
     let report: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&metrics).unwrap()).unwrap();
     assert_eq!(report["status"], "failed");
     assert_eq!(report["exit_code"], OUT_OF_MEMORY);
-    assert!(report["error"].as_str().unwrap().contains("floor"));
+    assert!(report["error"].as_str().unwrap().contains("too small"));
     assert_eq!(report["memory"]["limit_bytes"], 16 * 1024);
     // At the floor, it runs.
     assert_eq!(f.join(&["--memory-limit", "4MiB"]).rows(), 5);
@@ -564,4 +568,43 @@ fn random_inputs(dir: &Path) -> (PathBuf, PathBuf, u64) {
     let left = write("left.parquet", "v", 4000, 300);
     let right = write("right.parquet", "w", 1500, 300);
     (left, right, 4000 * 5)
+}
+
+/// Found in review: limits on sizes, a metrics path that fails before the output is in
+/// place, and `.tsv` output with tabs.
+#[test]
+fn review_findings_stay_fixed() {
+    let f = Fixture::new();
+    // Sizes the command line cannot honour are usage errors, not aborts.
+    f.join(&["--batch-size", "1000000000000"])
+        .usage_error(&["--batch-size", "at most 1048576"]);
+    f.join(&["--threads", "100000"])
+        .usage_error(&["--threads", "at most 1024"]);
+    // An unwritable metrics path fails before anything is written.
+    let out = f.path("never.parquet");
+    f.join(&[
+        "--output",
+        out.to_str().unwrap(),
+        "--metrics",
+        "/nonexistent-dir/m.json",
+    ])
+    .error(
+        BAD_OUTPUT,
+        &["cannot write metrics to /nonexistent-dir/m.json"],
+    );
+    assert!(
+        !out.exists(),
+        "the output was written before the metrics failed"
+    );
+    // `.tsv` means tabs, for output as for input.
+    let tsv = f.path("out.tsv");
+    f.join(&[
+        "--output",
+        tsv.to_str().unwrap(),
+        "--select",
+        "left.name,right.name",
+    ])
+    .rows();
+    let text = std::fs::read_to_string(&tsv).unwrap();
+    assert!(text.starts_with("left.name\tright.name\n"), "{text:?}");
 }

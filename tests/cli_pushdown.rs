@@ -249,3 +249,30 @@ fn pushdown_on_a_swapped_join() {
         }
     }
 }
+
+/// With nulls equal to nulls, row groups and pages holding null keys are kept (the
+/// build has a null key, which they match): the same output as without pushdown.
+#[test]
+fn pushdown_keeps_null_keys_when_nulls_match() {
+    let dir = tempfile::tempdir().unwrap();
+    let (l, r) = inputs(dir.path());
+    for join_type in ["inner", "right", "semi", "right-anti"] {
+        let base = ["--type", join_type, "--null-equals-null", "--no-swap"];
+        let (reference, _) = run(
+            &l,
+            &r,
+            dir.path(),
+            &[&base[..], &["--pushdown", "none"]].concat(),
+        );
+        assert!(!reference.rows.is_empty());
+        for mode in ["bounds", "all"] {
+            let (table, m) = run(
+                &l,
+                &r,
+                dir.path(),
+                &[&base[..], &["--pushdown", mode]].concat(),
+            );
+            assert_eq!(table, reference, "{join_type} {mode}: {}", m["pushdown"]);
+        }
+    }
+}

@@ -618,3 +618,22 @@ fn an_observed_build_lets_a_lazy_probe_skip_rows() {
         assert_eq!(pool.reserved(), 0, "{join_type}");
     }
 }
+
+/// An older version that arrives after a newer one is cached is handed out, not
+/// cached next to it.
+#[test]
+fn the_cache_keeps_the_newest_version() {
+    let (join, right, _pool) = small_build(11, 100);
+    let cache = BuildCache::new(1 << 30);
+    let prepare = || join.prepare(vec![Ok(right.clone())]);
+    cache
+        .get_or_prepare(BuildKey::new("t", 2), prepare)
+        .unwrap();
+    let old = cache
+        .get_or_prepare(BuildKey::new("t", 1), prepare)
+        .unwrap();
+    assert_eq!(old.num_rows(), 100);
+    assert!(cache.contains(&BuildKey::new("t", 2)));
+    assert!(!cache.contains(&BuildKey::new("t", 1)));
+    assert_eq!(cache.len(), 1);
+}

@@ -76,11 +76,11 @@ pub struct RunArgs {
     /// more stops with exit code 6 [default: unlimited].
     #[arg(long, value_parser = parse_size, value_name = "SIZE")]
     pub max_spill_size: Option<u64>,
-    /// Worker threads, at least 1 [default: all cores].
-    #[arg(long, value_parser = parse_positive, value_name = "N")]
+    /// Worker threads, 1 to 1024 [default: all cores].
+    #[arg(long, value_parser = parse_threads, value_name = "N")]
     pub threads: Option<usize>,
-    /// Rows per batch, read and written (at least 1).
-    #[arg(long, default_value_t = spilljoin::DEFAULT_BATCH_SIZE_ROWS, value_parser = parse_positive, value_name = "ROWS")]
+    /// Rows per batch, read and written (1 to 1048576).
+    #[arg(long, default_value_t = spilljoin::DEFAULT_BATCH_SIZE_ROWS, value_parser = parse_batch_size, value_name = "ROWS")]
     pub batch_size: usize,
     /// Write the run's figures (phases, rows, spilling, memory) here as JSON, also
     /// when the join fails.
@@ -217,6 +217,25 @@ pub struct DemoArgs {
 fn parse_size(s: &str) -> Result<u64, String> {
     parse_size::parse_size(s).map_err(|e| format!("{e} (try 512MiB, 2GB or 1.5GiB)"))
 }
+
+fn parse_at_most(s: &str, most: usize) -> Result<usize, String> {
+    let n = parse_positive(s)?;
+    if n > most {
+        return Err(format!("must be at most {most}"));
+    }
+    Ok(n)
+}
+
+fn parse_threads(s: &str) -> Result<usize, String> {
+    parse_at_most(s, MAX_THREADS)
+}
+
+fn parse_batch_size(s: &str) -> Result<usize, String> {
+    parse_at_most(s, spilljoin::MAX_BATCH_SIZE_ROWS)
+}
+
+/// The most worker threads the command line accepts.
+const MAX_THREADS: usize = 1024;
 
 fn parse_positive(s: &str) -> Result<usize, String> {
     match s.parse::<usize>() {

@@ -122,6 +122,8 @@ pub fn report(plan: &Plan, m: &JoinMetrics, reads: &Reads, outcome: &Outcome) ->
         },
         "spill": {
             "files": m.spill_files,
+            "build_files": m.build_spill_files,
+            "probe_files": m.probe_spill_files,
             "partitions_spilled": m.partitions_spilled,
             "max_recursion_depth": m.max_depth,
             "fallbacks": m.fallbacks,
@@ -165,6 +167,22 @@ pub fn report(plan: &Plan, m: &JoinMetrics, reads: &Reads, outcome: &Outcome) ->
         "memory_limit_bytes": plan.limit_bytes,
         "peak_rss_bytes": peak_rss,
     })
+}
+
+/// Fails unless a metrics file can be created beside `path` (its directory exists and
+/// is writable).
+///
+/// # Errors
+/// An output failure naming the file.
+pub fn check_writable(path: &Path) -> Result<()> {
+    let dir = match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    };
+    tempfile::NamedTempFile::new_in(dir).with_context(|| {
+        Kind::Output.context(format!("cannot write metrics to {}", path.display()))
+    })?;
+    Ok(())
 }
 
 /// Writes `report` to `path` (atomically: a temporary file renamed).

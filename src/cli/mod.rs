@@ -9,12 +9,12 @@
 //! [`metrics`] (`--metrics` JSON), [`signals`] (Ctrl-C and SIGTERM), [`failure`]
 //! (exit codes and one-line errors), [`suggest`] ("did you mean"), [`demo`].
 
+pub mod allocator;
 mod args;
 mod demo;
 mod failure;
 mod filter;
 mod format;
-pub mod allocator;
 mod input;
 mod metrics;
 mod output;

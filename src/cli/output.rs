@@ -198,8 +198,11 @@ impl OutputSpec {
                     Codec::Parquet(c) => c,
                     _ => Compression::UNCOMPRESSED,
                 };
+                // Row groups of 64Ki rows: the writer buffers a whole row group,
+                // which is memory outside the join's limit (1Mi rows by default).
                 let props = WriterProperties::builder()
                     .set_compression(compression)
+                    .set_max_row_group_row_count(Some(PARQUET_ROW_GROUP_ROWS))
                     .build();
                 FormatWriter::Parquet(ArrowWriter::try_new(sink, Arc::clone(schema), Some(props))?)
             }
@@ -216,7 +219,11 @@ impl OutputSpec {
             Format::Csv => {
                 let mut w = arrow_csv::WriterBuilder::new()
                     .with_header(self.csv.header)
-                    .with_delimiter(self.csv.delimiter.unwrap_or(b','))
+                    .with_delimiter(match &self.destination {
+                        // `.tsv` means tabs, as for inputs.
+                        Destination::File(path) => self.csv.delimiter_for(path),
+                        _ => self.csv.delimiter.unwrap_or(b','),
+                    })
                     .build(sink);
                 // The header goes out with the first batch: write an empty one, so
                 // that an output without rows still names its columns.
@@ -269,6 +276,9 @@ fn parse_codec(format: Format, compression: Option<&str>) -> Result<Codec> {
         (Format::Csv | Format::Ndjson, Some(c)) => return Err(bad(c, "none")),
     })
 }
+
+/// Rows per row group of a Parquet output.
+const PARQUET_ROW_GROUP_ROWS: usize = 64 * 1024;
 
 fn create_failure(path: &Path) -> super::failure::Failure {
     Kind::Output.context(format!("cannot create the output {}", path.display()))

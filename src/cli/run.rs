@@ -160,6 +160,11 @@ fn run(
         .map(|p| p.as_path())
         .collect();
     r.output.refuse_to_overwrite(&inputs)?;
+    // A metrics file that cannot be written fails now, not after the output is in
+    // place.
+    if let Some(path) = &r.run.metrics {
+        super::metrics::check_writable(path)?;
+    }
     let spill = SpillManager::new(plan.spill.clone())?;
     interrupt.remove_on_forced_exit(spill.dir().to_path_buf());
     let join = plan.builder.clone().with_spill_manager(spill).build()?;
@@ -313,14 +318,18 @@ fn with_hints(e: anyhow::Error, plan: &Plan) -> anyhow::Error {
             .chain()
             .last()
             .map_or_else(|| e.to_string(), |c| c.to_string());
+        // The floor is what joins of ordinary rows are tested to finish in; wide rows
+        // need room for a few batches in flight, so it is a hint, not a promise.
+        let suggest = floor.max(plan.limit_bytes.saturating_mul(2));
         return Kind::Memory.error(format!(
-            "memory limit {} is below this join's floor of {} (the least every join is tested to finish in with \
-             --batch-size {} and {} threads): {refused}; rerun with --memory-limit {}MiB or more",
+            "memory limit {} is too small for this join: {refused}; joins with --batch-size {} and {} threads \
+             finish from {} when their rows are narrow, wide rows need a few batches of room: rerun with \
+             --memory-limit {}MiB or more",
             human_bytes(plan.limit_bytes),
-            human_bytes(floor),
             plan.request.run.batch_size,
             plan.threads,
-            floor >> 20,
+            human_bytes(floor),
+            suggest.div_ceil(1 << 20),
         ));
     }
     let spill_error = e.chain().find_map(|c| c.downcast_ref::<SpillError>());

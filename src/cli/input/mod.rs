@@ -234,7 +234,12 @@ impl Input {
                 let bytes = self.file_bytes()? as f64 * projected_share(&self.schema, columns);
                 InputStatistics::new(Some(bytes as u64), None)
             }
-            Source::Csv(_) | Source::Ndjson => InputStatistics::new(Some(self.file_bytes()?), None),
+            // Text: the file's size, scaled by the share of the columns read (as
+            // for Arrow files).
+            Source::Csv(_) | Source::Ndjson => {
+                let bytes = self.file_bytes()? as f64 * projected_share(&self.schema, columns);
+                InputStatistics::new(Some(bytes as u64), None)
+            }
         })
     }
 

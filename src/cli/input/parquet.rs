@@ -98,17 +98,35 @@ impl ParquetSource {
             .sum()
     }
 
-    /// The uncompressed size of `columns` (indices into the schema) in every file,
-    /// from the footers: an estimate of their size in memory.
+    /// An estimate of the size of `columns` (indices into the schema) as Arrow arrays,
+    /// from the footers: a fixed-width column takes rows × its width (and a validity
+    /// bit); any other its uncompressed size (after Parquet's encodings, which for
+    /// dictionary-encoded strings is less than Arrow's) plus 4-byte offsets.
     pub fn bytes(&self, columns: &[usize]) -> u64 {
         let mut total = 0u64;
         for file in &self.files {
             let descr = file.metadata.parquet_schema();
+            let schema = file.metadata.schema();
             for group in file.metadata.metadata().row_groups() {
-                for (leaf, chunk) in group.columns().iter().enumerate() {
-                    if columns.contains(&descr.get_column_root_idx(leaf)) {
-                        total += chunk.uncompressed_size().max(0) as u64;
-                    }
+                let rows = group.num_rows().max(0) as u64;
+                for &c in columns {
+                    let width = schema
+                        .fields()
+                        .get(c)
+                        .and_then(|f| f.data_type().primitive_width());
+                    total += match width {
+                        Some(w) => rows * w as u64 + rows.div_ceil(8),
+                        None => {
+                            let encoded: u64 = group
+                                .columns()
+                                .iter()
+                                .enumerate()
+                                .filter(|(leaf, _)| descr.get_column_root_idx(*leaf) == c)
+                                .map(|(_, chunk)| chunk.uncompressed_size().max(0) as u64)
+                                .sum();
+                            encoded + 4 * rows
+                        }
+                    };
                 }
             }
         }

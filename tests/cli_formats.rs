@@ -400,7 +400,7 @@ fn a_failed_join_leaves_the_output_untouched() {
     std::fs::write(&out, "the previous output").unwrap();
     // Out of memory.
     f.join(&["--memory-limit", "1KiB", "--output", out.to_str().unwrap()])
-        .error(OUT_OF_MEMORY, &["floor"]);
+        .error(OUT_OF_MEMORY, &["too small"]);
     assert_eq!(
         std::fs::read_to_string(&out).unwrap(),
         "the previous output"

@@ -87,15 +87,16 @@ pub fn release_free_memory() {
 }
 
 /// A thread that calls [`release_free_memory`] whenever a running join changes phase
-/// (build, probe, spilled partitions) and every [`TRIM_INTERVAL`] while it joins
-/// spilled partitions (each of which builds and frees tables).
+/// (build, probe, spilled partitions) and every [`TRIM_INTERVAL`] in between (a build
+/// that spills frees thousands of fragments as it goes; SF10 orders ⋈ lineitem at a
+/// 50% limit: peak RSS 355 -> 302-327 MB).
 pub struct ReleaseOnPhaseChange {
     stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
 
-/// How often free memory is released while spilled partitions are joined.
-pub const TRIM_INTERVAL: std::time::Duration = std::time::Duration::from_millis(500);
+/// How often free memory is released while a join runs.
+pub const TRIM_INTERVAL: std::time::Duration = std::time::Duration::from_millis(100);
 
 impl ReleaseOnPhaseChange {
     /// Starts watching `metrics`.
@@ -111,8 +112,7 @@ impl ReleaseOnPhaseChange {
                 while !flag.load(Ordering::Relaxed) {
                     std::thread::sleep(std::time::Duration::from_millis(20));
                     let now = metrics.metrics().phase;
-                    let periodic = now == spilljoin::JoinPhase::SpilledPairs
-                        && last.elapsed() >= TRIM_INTERVAL;
+                    let periodic = last.elapsed() >= TRIM_INTERVAL;
                     if now != phase || periodic {
                         release_free_memory();
                         phase = now;

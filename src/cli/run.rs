@@ -19,7 +19,7 @@ use anyhow::Result;
 use arrow_array::RecordBatch;
 use arrow_schema::SchemaRef;
 use spilljoin::spill::{SpillError, SpillManager};
-use spilljoin::{JoinError, JoinMetrics, JoinStream, NullEquality, Side};
+use spilljoin::{InputStatistics, JoinError, JoinMetrics, JoinStream, NullEquality, Side};
 
 use super::args::JoinArgs;
 use super::failure::{kind_of, one_line, signal_exit_code, Kind};
@@ -192,16 +192,25 @@ fn run(
         })
     });
     let for_side = |side: Side| pushdown.as_ref().filter(|_| join.build_side() != side);
+    // The build input is read in larger batches when memory allows: the join
+    // partitions a batch at a time, and larger batches leave fewer, larger fragments.
+    let read_rows = |side: Side, stats: InputStatistics| {
+        if join.build_side() == side {
+            build_read_rows(batch_size, plan.limit_bytes, threads, stats)
+        } else {
+            batch_size
+        }
+    };
     let left = r.left.streams(
         &plan.left_columns,
-        batch_size,
+        read_rows(Side::Left, plan.left_stats),
         threads,
         &counters.0,
         for_side(Side::Left),
     )?;
     let right = r.right.streams(
         &plan.right_columns,
-        batch_size,
+        read_rows(Side::Right, plan.right_stats),
         threads,
         &counters.1,
         for_side(Side::Right),
@@ -250,6 +259,26 @@ fn run(
     interrupted(interrupt)?;
     writer.finish()
 }
+
+/// Rows per batch of the build input: the batch size, or up to 64Ki rows when the
+/// input's rows are known to be narrow enough that `threads` such batches take at most
+/// a sixteenth of the limit (they are decoded outside the join's pool).
+fn build_read_rows(
+    batch_size: usize,
+    limit_bytes: u64,
+    threads: usize,
+    stats: InputStatistics,
+) -> usize {
+    let (Some(bytes), Some(rows)) = (stats.bytes, stats.rows) else {
+        return batch_size;
+    };
+    let row_bytes = (bytes / rows.max(1)).max(1);
+    let by_memory = limit_bytes / (16 * threads.max(1) as u64 * row_bytes);
+    (by_memory.min(usize::MAX as u64) as usize).clamp(batch_size, BUILD_READ_ROWS.max(batch_size))
+}
+
+/// The most rows per batch of the build input.
+const BUILD_READ_ROWS: usize = 64 * 1024;
 
 /// Fails if a signal came.
 fn interrupted(interrupt: &Interrupt) -> Result<()> {

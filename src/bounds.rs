@@ -90,11 +90,18 @@ impl KeyBounds {
     }
 
     /// Copies the one-element arrays out of the column they were sliced from, so they
-    /// keep nothing else alive.
+    /// keep nothing else alive (view arrays: their data buffers too).
     fn owned(self) -> Self {
-        let copy = |a: &ArrayRef| {
+        use arrow_array::cast::AsArray;
+        let copy = |a: &ArrayRef| -> ArrayRef {
             let indices = arrow_array::UInt32Array::from(vec![0u32]);
-            arrow_select::take::take(a.as_ref(), &indices, None).unwrap_or_else(|_| a.clone())
+            let taken =
+                arrow_select::take::take(a.as_ref(), &indices, None).unwrap_or_else(|_| a.clone());
+            match taken.data_type() {
+                DataType::Utf8View => std::sync::Arc::new(taken.as_string_view().gc()),
+                DataType::BinaryView => std::sync::Arc::new(taken.as_binary_view().gc()),
+                _ => taken,
+            }
         };
         Self {
             min: copy(&self.min),

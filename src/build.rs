@@ -25,7 +25,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use arrow_array::{RecordBatch, UInt32Array};
-use arrow_schema::{ArrowError, SchemaRef};
+use arrow_schema::{ArrowError, DataType, SchemaRef};
 use arrow_select::concat::concat_batches;
 use arrow_select::take::take_record_batch;
 use spilljoin_memory::{MemoryConsumer, MemoryReservation};
@@ -466,9 +466,17 @@ impl<'a> BuildCollector<'a> {
                     .build_rows
                     .fetch_add(batch.num_rows() as u64, Ordering::Relaxed);
             }
-            let piece_rows = build_piece_rows(plan, &batch);
+            let (piece_rows, piece_bytes) = build_piece_size(plan, &batch);
             for (piece, hashes) in pieces(&batch, stored_hashes.as_ref(), piece_rows) {
-                self.collect_batch(&piece, hashes.as_deref(), has_null_key, &mut scratch)?;
+                // Wide rows bunched in one part of a batch make a piece larger than
+                // its average: such a piece goes in work-row pieces after all.
+                if piece.num_rows() > plan.work_rows && batch_bytes(&piece) > piece_bytes {
+                    for (small, hashes) in pieces(&piece, hashes.as_ref(), plan.work_rows) {
+                        self.collect_batch(&small, hashes.as_deref(), has_null_key, &mut scratch)?;
+                    }
+                } else {
+                    self.collect_batch(&piece, hashes.as_deref(), has_null_key, &mut scratch)?;
+                }
             }
         }
     }
@@ -492,8 +500,11 @@ impl<'a> BuildCollector<'a> {
             return Ok(());
         }
         let input_bytes = batch_bytes(batch);
+        // The probe's headroom is sized from this: the bytes of `work_rows` rows of
+        // the build (probe batches are cut to `work_rows`), not of a larger piece.
+        let work_bytes = input_bytes * plan.work_rows.min(n) / n;
         self.largest_batch_bytes
-            .fetch_max(input_bytes, Ordering::Relaxed);
+            .fetch_max(work_bytes, Ordering::Relaxed);
         self.reserve(mine, input_bytes)?;
         let (columns, nulls) = plan.keys.evaluate_columns(batch, true)?;
         match stored_hashes {
@@ -761,8 +772,8 @@ fn finish_bytes(plan: &JoinPlan, part: &PartitionBuffer) -> usize {
     let keys = if plan.keys.is_word_key() {
         // 8-byte keys are read in place (`keys::words_of`); narrower ones are
         // widened to a word. Plus a validity bit.
-        let width = plan.keys.types[0].primitive_width().unwrap_or(1);
-        (if width == 8 { 0 } else { rows * 8 }) + rows.div_ceil(8)
+        let in_place = keys_in_place(plan);
+        (if in_place { 0 } else { rows * 8 }) + rows.div_ceil(8)
     } else {
         part.bytes / 2 + rows * 12
     };
@@ -792,14 +803,34 @@ where
 /// are spilled, and fewer small blocks for the allocator to keep when they are freed
 /// (SF10 orders at a 50% limit read in 64Ki-row batches: peak RSS 306–322 → 253–262
 /// MB).
-fn build_piece_rows(plan: &JoinPlan, batch: &RecordBatch) -> usize {
+/// Returns the piece's rows and the bytes a piece may take; a piece of more rows than
+/// `work_rows` that takes more (wide rows bunched together) is cut to `work_rows`.
+fn build_piece_size(plan: &JoinPlan, batch: &RecordBatch) -> (usize, usize) {
     let rows = batch.num_rows();
+    let max_bytes = plan.pool.limit().bytes() / (16 * plan.threads.max(1));
     if rows <= plan.work_rows {
-        return plan.work_rows;
+        return (plan.work_rows, max_bytes);
     }
     let row_bytes = (batch_bytes(batch) / rows).max(1);
-    let by_memory = plan.pool.limit().bytes() / (16 * plan.threads.max(1) * row_bytes);
-    by_memory.clamp(plan.work_rows, MAX_BUILD_PIECE_ROWS.max(plan.work_rows))
+    let by_memory = max_bytes / row_bytes;
+    (
+        by_memory.clamp(plan.work_rows, MAX_BUILD_PIECE_ROWS.max(plan.work_rows)),
+        max_bytes,
+    )
+}
+
+/// Whether a word key is read from the build column itself: an 8-byte column that
+/// normalization leaves as it is (not a float, which is canonicalized into a new
+/// buffer, nor a dictionary, which is decoded).
+fn keys_in_place(plan: &JoinPlan) -> bool {
+    let key_type = &plan.keys.types[0];
+    let column_type = plan
+        .build_schema
+        .field(plan.keys.build_columns[0])
+        .data_type();
+    key_type.primitive_width() == Some(8)
+        && column_type == key_type
+        && !matches!(key_type, DataType::Float64)
 }
 
 /// The most rows of a build batch partitioned at a time.
@@ -856,7 +887,21 @@ pub(crate) fn finish_partition(
     } else {
         hashes
     };
-    let actual = batch_bytes(&batch) + hashes.capacity() * 8 + keys.repr.size() + table.size();
+    // A word key normalized into a new buffer (floats, dictionaries) is held too.
+    // (Narrower keys are widened into words that `keys.repr.size()` counts.)
+    let normalized_copy = if plan.keys.is_word_key()
+        && plan.keys.types[0].primitive_width() == Some(8)
+        && !keys_in_place(plan)
+    {
+        batch.num_rows() * 8
+    } else {
+        0
+    };
+    let actual = batch_bytes(&batch)
+        + hashes.capacity() * 8
+        + keys.repr.size()
+        + table.size()
+        + normalized_copy;
     {
         let mut res = lock(reservation);
         let size = res.size();

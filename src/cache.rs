@@ -178,8 +178,16 @@ impl BuildCache {
                             && k.version > key.version
                             && matches!(e, Entry::Ready { .. })
                     });
-                    if newer_cached {
-                        state.entries.remove(&key);
+                    let still_ours = matches!(
+                        state.entries.get(&key),
+                        Some(Entry::Building(f)) if Arc::ptr_eq(f, &flight)
+                    );
+                    if newer_cached || !still_ours {
+                        // Invalidated while building, or superseded: hand it out,
+                        // do not cache it.
+                        if still_ours {
+                            state.entries.remove(&key);
+                        }
                     } else {
                         state.entries.retain(|k, e| {
                             k.identity != key.identity
@@ -222,11 +230,13 @@ impl BuildCache {
         }
     }
 
-    /// Drops every cached version of `identity` (handles to them stay valid).
+    /// Drops every cached version of `identity` (handles to them stay valid). A build
+    /// of it in progress still answers the requests waiting for it, but is not
+    /// cached.
     pub fn invalidate(&self, identity: &str) {
         lock(&self.state)
             .entries
-            .retain(|k, e| k.identity != identity || matches!(e, Entry::Building(_)));
+            .retain(|k, _| k.identity != identity);
     }
 
     /// Evicts least recently used builds that nobody holds until the cache is within

@@ -283,8 +283,12 @@ fn owned_array(array: &ArrayRef) -> Result<ArrayRef> {
         DataType::Utf8View => Arc::new(array.as_string_view().gc()),
         DataType::BinaryView => Arc::new(array.as_binary_view().gc()),
         DataType::Dictionary(..) => {
-            // A gather's keys are new; its values are the source's.
-            let dictionary = array.as_any_dictionary();
+            // A gather's keys are new; its values are the source's. Keep only the
+            // values the keys use (a batch of a big dictionary uses few), copied.
+            let compact = arrow_select::dictionary::garbage_collect_any_dictionary(
+                array.as_any_dictionary(),
+            )?;
+            let dictionary = compact.as_any_dictionary();
             let values = dictionary.values();
             let all = arrow_array::UInt32Array::from_iter_values(0..values.len() as u32);
             let values = owned_array(&arrow_select::take::take(values.as_ref(), &all, None)?)?;

@@ -66,9 +66,10 @@ struct Prepared {
     /// Whether build rows with a key that never matches were kept.
     keeps_unmatchable: bool,
     metrics: JoinMetrics,
-    /// A bloom filter over the keys of the in-memory partitions, for `may_contain`
-    /// (`None` if memory did not allow it: the tables answer instead).
-    /// Built on the first `may_contain`; `None` inside if memory did not allow it.
+    /// A bloom filter over the keys of the in-memory partitions, for `may_contain`,
+    /// built on its first call. `None` inside if the pool refused its memory then
+    /// (not retried): the tables answer instead where they kept hashes, and word-key
+    /// partitions (which keep none) answer "maybe".
     membership: std::sync::OnceLock<Option<(Bloom, MemoryReservation)>>,
     /// The pool the build reserves from (for the membership filter).
     pool: Arc<dyn spilljoin_memory::MemoryPool>,
@@ -193,7 +194,10 @@ impl HashJoin {
 
     /// Probes a prepared build with `probe` and returns the output stream; the same
     /// output as [`execute`](Self::execute) over the build's input. Any number of
-    /// executions may run at once, each with its own state.
+    /// executions may run at once, each with its own state. Under a memory limit,
+    /// the build left room for one probe with the preparing join's threads; more
+    /// concurrent probes need more memory (a prepared build cannot spill further),
+    /// so give them a pool with room, or expect [`JoinError::ResourcesExhausted`].
     ///
     /// The execution holds its handle until the probe input is read; pass a clone to
     /// keep the build for later joins.
@@ -297,21 +301,29 @@ fn membership_filter(
                     bloom.insert(hash);
                 }
             } else {
-                let columns = key_columns
-                    .iter()
-                    .map(|&c| normalize(part.batch.column(c)))
-                    .collect::<Result<Vec<_>>>()
-                    .ok()?;
+                // In slices, so the scratch stays small (it is not reserved).
                 let mut hashes = Vec::new();
-                hash_keys(&columns, part.batch.num_rows(), &mut hashes).ok()?;
-                for hash in hashes {
-                    bloom.insert(hash);
+                let rows = part.batch.num_rows();
+                for start in (0..rows).step_by(REHASH_ROWS) {
+                    let slice = part.batch.slice(start, REHASH_ROWS.min(rows - start));
+                    let columns = key_columns
+                        .iter()
+                        .map(|&c| normalize(slice.column(c)))
+                        .collect::<Result<Vec<_>>>()
+                        .ok()?;
+                    hash_keys(&columns, slice.num_rows(), &mut hashes).ok()?;
+                    for &hash in &hashes {
+                        bloom.insert(hash);
+                    }
                 }
             }
         }
     }
     Some((bloom, reservation))
 }
+
+/// Rows hashed at a time when a membership filter is built from a partition's keys.
+const REHASH_ROWS: usize = 8192;
 
 /// Builds level 0 into a shareable build, shows it to `on_built`, then probes it.
 fn run_observed<B, P, F>(
@@ -461,6 +473,12 @@ impl PreparedBuild {
             }
         }
         let n = columns.first().map_or(0, |c| c.len());
+        if columns.iter().any(|c| c.len() != n) {
+            return Err(JoinError::InvalidJoin(format!(
+                "key columns of different lengths: {:?}",
+                columns.iter().map(|c| c.len()).collect::<Vec<_>>()
+            )));
+        }
         let nulls = null_rows(&columns);
         let mut hashes = Vec::with_capacity(n);
         hash_keys(&columns, n, &mut hashes)?;

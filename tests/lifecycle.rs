@@ -188,3 +188,91 @@ fn cancelled_from_another_thread_ends_with_cancelled_and_leaves_nothing() {
     drop(stream);
     assert_clean(&s);
 }
+
+/// Found in review: a build batch whose wide rows are bunched together is partitioned
+/// in pieces small enough for the limit, as it was before pieces grew with memory.
+#[test]
+fn a_batch_with_bunched_wide_rows_fits_where_small_batches_do() {
+    let n = 612_000usize;
+    let wide = "w".repeat(2_500);
+    let k: Int64Array = (0..n as i64).map(Some).collect();
+    let s: StringArray = (0..n)
+        .map(|i| Some(if i < 12_000 { wide.as_str() } else { "" }))
+        .collect();
+    let build = RecordBatch::try_from_iter(vec![
+        ("rk", Arc::new(k) as ArrayRef),
+        ("rs", Arc::new(s) as ArrayRef),
+    ])
+    .unwrap();
+    let probe = batch("l", 0, 1000);
+    let root = tempfile::tempdir().unwrap();
+    let s = Setup {
+        pool: Arc::new(GreedyMemoryPool::new(24 << 20)),
+        spill: SpillManager::new(SpillConfig::default().with_root_dir(root.path())).unwrap(),
+        _root: root,
+    };
+    let join = HashJoinBuilder::new(probe.schema(), build.schema(), [("lk", "rk")])
+        .with_memory_pool(Arc::clone(&s.pool))
+        .with_spill_manager(s.spill.clone())
+        .with_threads(1)
+        .build()
+        .unwrap();
+    let rows: usize = join
+        .execute(vec![Ok(probe)], vec![Ok(build)])
+        .unwrap()
+        .map(|b| b.map(|b| b.num_rows()))
+        .sum::<Result<_, _>>()
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(rows, 1000);
+    assert_clean(&s);
+}
+
+/// Found in review: large build batches do not make the build hold back more room
+/// for the probe (which works in batch-size pieces): at every limit, a build read in
+/// 65536-row batches spills no more than the same build read in 8192-row batches.
+#[test]
+fn large_build_batches_do_not_spill_what_small_ones_keep() {
+    let n = 400_000i64;
+    let make = |rows_per_batch: i64| -> Vec<Result<RecordBatch, ArrowError>> {
+        (0..n)
+            .step_by(rows_per_batch as usize)
+            .map(|start| {
+                let end = (start + rows_per_batch).min(n);
+                let k: Int64Array = (start..end).map(Some).collect();
+                let s: StringArray = (start..end).map(|i| Some(format!("{i:0100}"))).collect();
+                Ok(RecordBatch::try_from_iter(vec![
+                    ("rk", Arc::new(k) as ArrayRef),
+                    ("rs", Arc::new(s) as ArrayRef),
+                ])
+                .unwrap())
+            })
+            .collect()
+    };
+    let probe = batch("l", 0, 1000);
+    for limit_mib in [48, 52, 56, 60, 64, 70] {
+        let mut spilled = Vec::new();
+        for rows_per_batch in [8192, 65536] {
+            let s = setup(limit_mib << 20);
+            let build = make(rows_per_batch);
+            let schema = build[0].as_ref().unwrap().schema();
+            let join = HashJoinBuilder::new(probe.schema(), schema, [("lk", "rk")])
+                .with_memory_pool(Arc::clone(&s.pool))
+                .with_spill_manager(s.spill.clone())
+                .with_threads(2)
+                .build()
+                .unwrap();
+            let mut stream = join.execute(vec![Ok(probe.clone())], build).unwrap();
+            let rows: usize = stream.by_ref().map(|b| b.unwrap().num_rows()).sum();
+            assert_eq!(rows, 1000);
+            spilled.push(stream.metrics().build_rows_spilled);
+            drop(stream);
+            assert_clean(&s);
+        }
+        assert!(
+            spilled[1] <= spilled[0],
+            "at {limit_mib} MiB: 65536-row batches spilled {} rows, 8192-row batches {}",
+            spilled[1],
+            spilled[0]
+        );
+    }
+}

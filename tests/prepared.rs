@@ -637,3 +637,137 @@ fn the_cache_keeps_the_newest_version() {
     assert!(!cache.contains(&BuildKey::new("t", 1)));
     assert_eq!(cache.len(), 1);
 }
+
+/// Found in review: a prepared join's output copies only the dictionary values its
+/// keys use, not the whole dictionary per batch.
+#[test]
+fn prepared_output_copies_only_the_dictionary_values_it_uses() {
+    let n = 50_000;
+    let keys: ArrayRef = Arc::new(Int64Array::from_iter_values(0..n));
+    let dict: ArrayRef = Arc::new(
+        DictionaryArray::<arrow_array::types::Int32Type>::try_new(
+            Int32Array::from_iter_values(0..n as i32),
+            Arc::new(arrow_array::StringArray::from_iter_values(
+                (0..n).map(|i| format!("value {i}")),
+            )),
+        )
+        .unwrap(),
+    );
+    let right = RecordBatch::try_from_iter([("rk", keys.clone()), ("rdict", dict)]).unwrap();
+    let left = RecordBatch::try_from_iter([("lk", keys)]).unwrap();
+    let join = HashJoinBuilder::new(left.schema(), right.schema(), [("lk", "rk")])
+        .with_batch_size(1000)
+        .build()
+        .unwrap();
+    let prepared = join.prepare(vec![Ok(right)]).unwrap();
+    let output: Vec<RecordBatch> = join
+        .execute_prepared(prepared, vec![Ok(left)])
+        .unwrap()
+        .collect::<Result<_, _>>()
+        .unwrap();
+    assert_eq!(
+        output.iter().map(|b| b.num_rows()).sum::<usize>(),
+        n as usize
+    );
+    for batch in &output {
+        let values = batch
+            .column(2)
+            .as_any()
+            .downcast_ref::<DictionaryArray<arrow_array::types::Int32Type>>()
+            .unwrap()
+            .values()
+            .len();
+        assert!(
+            values <= batch.num_rows(),
+            "{values} values for {} rows",
+            batch.num_rows()
+        );
+    }
+}
+
+/// Found in review: key columns of different lengths are an error, not a panic.
+#[test]
+fn may_contain_rejects_columns_of_different_lengths() {
+    let (_, mut rng) = rng_for(12);
+    let right = side(
+        &mut rng,
+        "r",
+        &[DataType::Int64, DataType::Utf8],
+        20,
+        5,
+        0.0,
+    );
+    let left = side(
+        &mut rng,
+        "l",
+        &[DataType::Int64, DataType::Utf8],
+        20,
+        5,
+        0.0,
+    );
+    let join = HashJoinBuilder::new(
+        left.schema(),
+        right.schema(),
+        [("lk0", "rk0"), ("lk1", "rk1")],
+    )
+    .build()
+    .unwrap();
+    let prepared = join.prepare(vec![Ok(right)]).unwrap();
+    let err = prepared
+        .may_contain(&[
+            Arc::new(Int64Array::from(vec![1, 2, 3])) as ArrayRef,
+            Arc::new(arrow_array::StringArray::from(vec!["a", "b"])) as ArrayRef,
+        ])
+        .unwrap_err();
+    assert!(err.to_string().contains("different lengths"), "{err}");
+}
+
+/// Found in review: key bounds of view-typed keys keep nothing of the input alive.
+#[test]
+fn bounds_of_view_keys_are_small() {
+    let n = 20_000;
+    let keys: ArrayRef =
+        Arc::new(StringViewArray::from_iter_values((0..n).map(|i| {
+            format!("a string long enough to be out of line {i:06}")
+        })));
+    let right = RecordBatch::try_from_iter([("rk", keys.clone())]).unwrap();
+    let left = RecordBatch::try_from_iter([("lk", keys)]).unwrap();
+    let join = HashJoinBuilder::new(left.schema(), right.schema(), [("lk", "rk")])
+        .build()
+        .unwrap();
+    let prepared = join.prepare(vec![Ok(right)]).unwrap();
+    let bounds = prepared.key_bounds();
+    let b = bounds[0].as_ref().unwrap();
+    assert!(
+        b.min.get_array_memory_size() < 4096,
+        "{}",
+        b.min.get_array_memory_size()
+    );
+    assert!(
+        b.max.get_array_memory_size() < 4096,
+        "{}",
+        b.max.get_array_memory_size()
+    );
+}
+
+/// Found in review: a build of an identity invalidated while it is built is handed to
+/// the requests waiting for it, but not cached.
+#[test]
+fn a_build_invalidated_while_building_is_not_cached() {
+    let (join, right, _pool) = small_build(13, 100);
+    let cache = BuildCache::new(1 << 30);
+    let started = Barrier::new(2);
+    std::thread::scope(|scope| {
+        let handle = scope.spawn(|| {
+            cache.get_or_prepare(BuildKey::new("t", 1), || {
+                started.wait();
+                std::thread::sleep(std::time::Duration::from_millis(100));
+                join.prepare(vec![Ok(right.clone())])
+            })
+        });
+        started.wait();
+        cache.invalidate("t");
+        assert_eq!(handle.join().unwrap().unwrap().num_rows(), 100);
+    });
+    assert!(!cache.contains(&BuildKey::new("t", 1)));
+}

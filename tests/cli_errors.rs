@@ -608,3 +608,35 @@ fn review_findings_stay_fixed() {
     let text = std::fs::read_to_string(&tsv).unwrap();
     assert!(text.starts_with("left.name\tright.name\n"), "{text:?}");
 }
+
+/// `spilljoin --help` is complete on its own: it names every flag of `join` and the
+/// exit codes.
+#[test]
+fn top_level_help_names_every_join_flag() {
+    let top = spilljoin(&["--help"]);
+    assert_eq!(top.code, 0);
+    let join = spilljoin(&["join", "--help"]);
+    assert_eq!(join.code, 0);
+    let flags: Vec<String> = join
+        .stdout
+        .lines()
+        .filter_map(|l| l.trim_start().strip_prefix("--"))
+        .filter_map(|rest| rest.split([' ', '<']).next())
+        .map(|name| format!("--{name}"))
+        .filter(|f| f != "--help")
+        .collect();
+    assert!(flags.len() >= 25, "{flags:?}");
+    for flag in flags {
+        let short = flag.replace("--right-", "--left-");
+        assert!(
+            top.stdout.contains(&flag) || top.stdout.contains(&short),
+            "{flag} is not in `spilljoin --help`"
+        );
+    }
+    for code in ["Exit codes", "128+N", "7 the memory limit is too small"] {
+        assert!(
+            top.stdout.contains(code),
+            "{code:?} not in `spilljoin --help`"
+        );
+    }
+}

@@ -10,7 +10,6 @@ use clap::{Args, Parser, Subcommand};
 use spilljoin::spill::SpillCompression;
 use spilljoin::JoinType;
 
-use super::failure::EXIT_CODES_HELP;
 use super::format::Format;
 
 /// Join Arrow data of any size inside a fixed memory budget.
@@ -19,7 +18,7 @@ use super::format::Format;
 /// spilling to disk what does not fit in --memory-limit, and writes the result as
 /// Parquet, Arrow IPC, CSV or NDJSON.
 #[derive(Debug, Parser)]
-#[command(name = "spilljoin", version, about, after_long_help = EXIT_CODES_HELP)]
+#[command(name = "spilljoin", version, about, after_long_help = TOP_HELP)]
 pub struct Cli {
     /// What to do.
     #[command(subcommand)]
@@ -35,6 +34,33 @@ pub enum Command {
     /// Generate TPC-H-shaped orders and lineitem tables and join them.
     Demo(DemoArgs),
 }
+
+/// The top-level help after the commands: what `join` takes, in short, with examples
+/// (`spilljoin join --help` has every flag).
+const TOP_HELP: &str = "\
+spilljoin join: the flags, in short (`spilljoin join --help` explains each):
+  inputs   --left PATH --right PATH (file, directory or quoted glob) --on L=R[,L=R...]
+           [--left-format/--right-format F] [--left-schema/--right-schema NAME:TYPE,...]
+           [--csv-delimiter C] [--csv-no-header] [--infer-rows N]
+  join     [--type inner|left|right|full|semi|anti|right-semi|right-anti|mark|not-in|right-not-in]
+           [--null-equals-null] [--filter SQL] [--select COLS] [--no-swap]
+           [--pushdown none|bounds|all] [--explain]
+  output   [--output PATH|-] [--output-format F] [--compression C]
+  running  [--memory-limit SIZE] [--spill-dir DIR] [--spill-compression none|lz4|zstd]
+           [--max-spill-size SIZE] [--threads N] [--batch-size N] [--metrics PATH] [-q]
+
+Examples:
+  spilljoin demo                       generate TPC-H-shaped data and join it in 8 MiB
+  spilljoin join --left lineitem.parquet --right orders.parquet \\
+      --on l_orderkey=o_orderkey --memory-limit 512MiB --output joined.parquet
+  spilljoin join --left a.csv --right b.parquet --on id=id --type anti --explain
+
+Exit codes:
+  0 success; 1 internal error; 2 bad command line; 3 the join is invalid (unknown
+  column, key types, filter, selection); 4 an input cannot be read; 5 the output
+  cannot be written; 6 spilling failed (spill dir, full disk, --max-spill-size);
+  7 the memory limit is too small; 128+N stopped by signal N (129 SIGHUP, 130 Ctrl-C,
+  143 SIGTERM).";
 
 const JOIN_EXAMPLES: &str = "\
 Examples:
@@ -53,7 +79,8 @@ Exit codes:
   0 success; 1 internal error; 2 bad command line; 3 the join is invalid (unknown
   column, key types, filter, selection); 4 an input cannot be read; 5 the output
   cannot be written; 6 spilling failed (spill dir, full disk, --max-spill-size);
-  7 the memory limit is too small; 128+N stopped by signal N (130 Ctrl-C, 143 SIGTERM).";
+  7 the memory limit is too small; 128+N stopped by signal N (129 SIGHUP, 130 Ctrl-C,
+  143 SIGTERM).";
 
 /// Settings shared by every command that runs a join.
 #[derive(Debug, Args, Clone)]

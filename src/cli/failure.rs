@@ -25,13 +25,6 @@ use std::fmt;
 use spilljoin::spill::SpillError;
 use spilljoin::JoinError;
 
-/// The exit codes, for `--help`.
-pub const EXIT_CODES_HELP: &str = "\
-Exit codes: 0 success; 1 internal error; 2 bad command line; 3 invalid join (unknown
-column, key types, filter, selection); 4 unreadable or corrupt input; 5 output cannot
-be written; 6 spilling failed (spill dir, full disk, --max-spill-size); 7 memory limit
-too small; 128+N stopped by signal N (130 Ctrl-C, 143 SIGTERM).";
-
 /// What kind of failure ended a run; each has its own exit code.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Kind {

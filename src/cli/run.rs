@@ -241,7 +241,8 @@ fn run(
         Side::Left => (left_progress, right_progress),
         Side::Right => (right_progress, left_progress),
     };
-    let _trim = super::allocator::ReleaseOnPhaseChange::start(stream.metrics_handle());
+    let _trim =
+        super::allocator::ReleaseOnPhaseChange::start(stream.metrics_handle(), plan.limit_bytes);
     let progress = Progress::start(
         r.run.quiet,
         stream.metrics_handle(),

@@ -559,17 +559,12 @@ fn an_observed_build_lets_a_lazy_probe_skip_rows() {
         (JoinType::Left, 0.5),
     ] {
         let pool: Arc<dyn MemoryPool> = Arc::new(GreedyMemoryPool::new(usize::MAX));
-        let join = join_of(&left, &right, join_type, false, &pool);
-        let join = if force > 0.0 {
-            HashJoinBuilder::new(left.schema(), right.schema(), [("lk0", "rk0")])
-                .with_join_type(join_type)
-                .with_memory_pool(Arc::clone(&pool))
-                .with_force_spill(force)
-                .build()
-                .unwrap()
-        } else {
-            join
-        };
+        let join = HashJoinBuilder::new(left.schema(), right.schema(), [("lk0", "rk0")])
+            .with_join_type(join_type)
+            .with_memory_pool(Arc::clone(&pool))
+            .with_force_spill(force)
+            .build()
+            .unwrap();
         let slot: Arc<OnceLock<PreparedBuild>> = Arc::new(OnceLock::new());
         let skip = join.may_skip_unmatchable_probe_rows();
         let probe = {

@@ -2,9 +2,11 @@
 //! hash column that spill files carry, pieces of a bounded size, and the worker
 //! threads that process them.
 //!
-//! A spilled row keeps its key hash: spill files hold the input's columns followed by
-//! [`HASH_COLUMN`] (`UInt64`), attached when a batch is written and split off when it
-//! is read back, so a row is hashed once whatever the recursion depth.
+//! A spilled row keeps its key hash unless its key is one word: spill files hold the
+//! input's columns followed by [`HASH_COLUMN`] (`UInt64`), attached when a batch is
+//! written and split off when it is read back, so a row with a wide or composite key
+//! is hashed once whatever the recursion depth. A word key is hashed again instead
+//! (see `JoinPlan::spills_hashes`).
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -44,12 +46,16 @@ pub(crate) fn with_hash_column(schema: &Schema) -> SchemaRef {
     Arc::new(Schema::new(fields))
 }
 
-/// Appends `hashes` to `batch` as [`HASH_COLUMN`].
+/// Appends `hashes` to `batch` as [`HASH_COLUMN`], when `schema` (a spill schema) has
+/// that column; otherwise the batch is written as it is.
 pub(crate) fn attach_hashes(
     batch: &RecordBatch,
     hashes: Vec<u64>,
     schema: &SchemaRef,
 ) -> Result<RecordBatch> {
+    if schema.fields().len() == batch.num_columns() {
+        return Ok(batch.clone());
+    }
     let mut columns: Vec<ArrayRef> = batch.columns().to_vec();
     columns.push(Arc::new(UInt64Array::from(hashes)));
     Ok(RecordBatch::try_new(Arc::clone(schema), columns)?)

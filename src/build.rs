@@ -3,11 +3,13 @@
 //!
 //! ```text
 //!  build batches ─► keys ─► hash ─► partition (high bits) ─► per-partition fragments,
-//!   (N threads pull from the input streams)                   each with its hashes
+//!   (N threads pull from the input streams)                   with their hashes (not
+//!                                                              for word keys)
 //!                                                              │
 //!        a reservation fails? ─► flush the buffered rows of an already spilled
 //!                                partition, else spill the largest in-memory one
-//!                                (IPC file, hashes kept as a column; bloom filter)
+//!                                (IPC file, hashes kept as a column unless
+//!                                the key is one word; bloom filter)
 //!  end of input ─► force-spill (tests), reserve probe headroom, then give every
 //!                  in-memory partition its table (spilling more if tables don't fit)
 //!                  ─► BuiltSide (immutable): in-memory partitions + spilled files
@@ -31,9 +33,7 @@ use arrow_select::take::take_record_batch;
 use spilljoin_memory::{MemoryConsumer, MemoryReservation};
 use spilljoin_spill::{SpillFile, SpillWriter, WRITE_BUFFER_BYTES};
 
-use crate::batches::{
-    attach_hashes, batch_bytes, lock, pieces, run_workers, with_hash_column, write_counted,
-};
+use crate::batches::{attach_hashes, batch_bytes, lock, pieces, run_workers, write_counted};
 use crate::bloom::Bloom;
 use crate::bounds::{BoundsAccumulator, KeyBounds};
 use crate::error::{JoinError, Result};
@@ -62,7 +62,8 @@ pub(crate) struct BuiltPartition {
 /// A build partition that was written to disk.
 #[derive(Debug)]
 pub(crate) struct SpilledPartition {
-    /// Its rows, with [`HASH_COLUMN`] last.
+    /// Its rows, with [`HASH_COLUMN`] last where the join spills hashes
+    /// (`JoinPlan::spills_hashes`).
     pub file: SpillFile,
     /// The hashes it holds, to drop probe rows that cannot match.
     pub bloom: Option<Bloom>,
@@ -182,7 +183,7 @@ impl<'a> BuildCollector<'a> {
                 unmatchable: PartitionBuffer::default(),
                 reservation: base.new_empty(),
             }),
-            spill_schema: with_hash_column(&ctx.plan.build_schema),
+            spill_schema: ctx.plan.spill_schema(true),
             base,
             largest_batch_bytes: AtomicUsize::new(0),
             bounds: Mutex::default(),
@@ -282,7 +283,16 @@ impl<'a> BuildCollector<'a> {
         if reservation.try_grow(bloom_bytes).is_ok() {
             let mut bloom = Bloom::new(part.total_rows as usize * 2);
             debug_assert_eq!(bloom.size(), bloom_bytes);
-            for (_, hashes) in &part.fragments {
+            // Word-key fragments keep no hashes: hash their keys again (a transient
+            // buffer of at most a piece's rows).
+            let mut again = Vec::new();
+            for (batch, hashes) in &part.fragments {
+                let hashes = if hashes.len() == batch.num_rows() {
+                    hashes
+                } else {
+                    self.plan().hash_rows(batch, true, &mut again)?;
+                    &again
+                };
                 hashes.iter().for_each(|&h| bloom.insert(h));
             }
             part.bloom = Some(bloom);
@@ -399,12 +409,15 @@ impl<'a> BuildCollector<'a> {
         Ok(())
     }
 
-    /// Adds a fragment (reserved in `mine`) to partition `p`.
+    /// Adds a fragment (reserved in `mine`) to partition `p`, with `hashes` (its rows'
+    /// hashes, or none where the partition does not keep them) and `row_hashes` (its
+    /// rows' hashes, for the partition's bloom filter if it has one).
     fn add(
         &self,
         p: Option<usize>,
         fragment: RecordBatch,
         hashes: Vec<u64>,
+        row_hashes: impl Iterator<Item = u64>,
         bytes: usize,
         mine: &mut MemoryReservation,
     ) -> Result<()> {
@@ -417,7 +430,7 @@ impl<'a> BuildCollector<'a> {
             None => &mut state.unmatchable,
         };
         if let Some(bloom) = part.bloom.as_mut() {
-            hashes.iter().for_each(|&h| bloom.insert(h));
+            row_hashes.for_each(|h| bloom.insert(h));
         }
         part.rows += fragment.num_rows();
         part.total_rows += fragment.num_rows() as u64;
@@ -536,9 +549,10 @@ impl<'a> BuildCollector<'a> {
                 .collect();
             let kept = self.reserved_take(batch, &rows, input_bytes, mine)?;
             let bytes = batch_bytes(&kept);
-            self.add(None, kept, Vec::new(), bytes, mine)?;
+            self.add(None, kept, Vec::new(), std::iter::empty(), bytes, mine)?;
         }
         grouped.group(self.level.bits, hashes, |row| !never_matches(row));
+        let keep_hashes = plan.spills_hashes();
         for p in 0..self.level.bits.fan_out() {
             let rows = grouped.partition(p);
             if rows.is_empty() {
@@ -546,11 +560,17 @@ impl<'a> BuildCollector<'a> {
             }
             let indices = UInt32Array::from(rows.to_vec());
             let fragment = self.reserved_take(batch, &indices, input_bytes, mine)?;
-            self.reserve(mine, rows.len() * 8)?;
-            let fragment_hashes: Vec<u64> = rows.iter().map(|&r| hashes[r as usize]).collect();
+            // Fragments of word keys keep no hashes (see `JoinPlan::spills_hashes`).
+            let fragment_hashes: Vec<u64> = if keep_hashes {
+                self.reserve(mine, rows.len() * 8)?;
+                rows.iter().map(|&r| hashes[r as usize]).collect()
+            } else {
+                Vec::new()
+            };
             let bytes = batch_bytes(&fragment) + fragment_hashes.capacity() * 8;
             mine.try_resize(mine.size().max(bytes))?;
-            self.add(Some(p), fragment, fragment_hashes, bytes, mine)?;
+            let row_hashes = rows.iter().map(|&r| hashes[r as usize]);
+            self.add(Some(p), fragment, fragment_hashes, row_hashes, bytes, mine)?;
         }
         mine.free();
         Ok(())
@@ -604,13 +624,15 @@ impl<'a> BuildCollector<'a> {
         let mut headroom_reservation = self.base.new_empty();
         self.reserve(&mut headroom_reservation, headroom)?;
         // Concatenating a partition's fragments needs a second copy of it while both
-        // exist. Partitions are finished `threads` at a time when there is room for
-        // the largest `threads` copies; otherwise one at a time, with room for one.
+        // exist, and a word key's table its rows' hashes again: both transient.
+        // Partitions are finished `threads` at a time when there is room for the
+        // largest `threads` of these; otherwise one at a time, with room for one.
         let mut largest: Vec<usize> = lock(&self.state)
             .partitions
             .iter()
-            .filter(|p| p.writer.is_none() && p.fragments.len() > 1)
-            .map(|p| p.bytes)
+            .filter(|p| p.writer.is_none())
+            .map(|p| finish_transient_bytes(plan, p))
+            .filter(|&bytes| bytes > 0)
             .collect();
         largest.sort_unstable_by(|a, b| b.cmp(a));
         let mut concat_reservation = self.base.new_empty();
@@ -765,8 +787,9 @@ impl<'a> BuildCollector<'a> {
 }
 
 /// The bytes finishing an in-memory partition needs on top of its fragments: the
-/// key encoding and the table (the transient concatenated copy is reserved for a
-/// few partitions at a time, in `finish`).
+/// key encoding and the table (what it needs only while it is finished,
+/// [`finish_transient_bytes`], is reserved for a few partitions at a time, in
+/// `finish`).
 fn finish_bytes(plan: &JoinPlan, part: &PartitionBuffer) -> usize {
     let rows = part.rows;
     let keys = if plan.keys.is_word_key() {
@@ -778,6 +801,23 @@ fn finish_bytes(plan: &JoinPlan, part: &PartitionBuffer) -> usize {
         part.bytes / 2 + rows * 12
     };
     keys + ChainedTable::size_for(rows)
+}
+
+/// The bytes finishing an in-memory partition needs only while it is finished: the
+/// concatenated copy of its fragments, and for word keys (whose fragments keep no
+/// hashes) its rows' hashes, computed again for the table.
+fn finish_transient_bytes(plan: &JoinPlan, part: &PartitionBuffer) -> usize {
+    let copy = if part.fragments.len() > 1 {
+        part.bytes
+    } else {
+        0
+    };
+    let hashes = if plan.spills_hashes() {
+        0
+    } else {
+        part.rows * 8
+    };
+    copy + hashes
 }
 
 /// Reads the whole build input of one level into partitions, spilling as needed, and
@@ -878,6 +918,14 @@ pub(crate) fn finish_partition(
         .iter()
         .map(|&i| crate::keys::normalize(batch.column(i)))
         .collect::<Result<Vec<_>>>()?;
+    let hashes = if hashes.len() == batch.num_rows() {
+        hashes
+    } else {
+        // Word-key fragments keep no hashes: hash the keys again, once.
+        let mut again = Vec::new();
+        crate::hash::hash_keys(&key_columns, batch.num_rows(), &mut again)?;
+        again
+    };
     let keys = plan.keys.keys_of(key_columns)?;
     let table = ChainedTable::build(&hashes, |_| true);
     // Word keys are compared directly, never by their hash (`KeyEq::CHECK_HASH_FIRST`):

@@ -33,7 +33,7 @@ use crossbeam::channel::Sender;
 use spilljoin_memory::{MemoryConsumer, MemoryReservation};
 use spilljoin_spill::{SpillError, SpillFile, SpillManager};
 
-use crate::batches::{batch_bytes, detach_hashes, pieces, run_workers, with_hash_column};
+use crate::batches::{batch_bytes, detach_hashes, pieces, run_workers};
 use crate::build::{
     build_side, finish_partition, BuiltSide, Partition, PartitionBuffer, Unmatchable,
 };
@@ -482,7 +482,7 @@ fn join_pair(
     probe_file: Option<&SpillFile>,
     facts: Facts,
 ) -> Result<()> {
-    let next = level.bits.next_level(SUB_LEVEL_BITS);
+    let next = level.bits.next_level(sub_level_bits(ctx.plan, build_file));
     // A pair that keeps (nearly) all of its level's rows did not split: one key
     // dominates, and repartitioning again would only rewrite it.
     let no_progress = level.depth > 0 && build_file.rows() * 10 >= level_rows * 9;
@@ -491,7 +491,7 @@ fn join_pair(
             let sub = Level {
                 bits,
                 depth: level.depth + 1,
-                hashed_input: true,
+                hashed_input: ctx.plan.spills_hashes(),
                 force_spill_fraction: 0.0,
                 key_bounds: false,
             };
@@ -504,6 +504,26 @@ fn join_pair(
             Ok(())
         }
         _ => fallback(ctx, level, build_file, probe_file, facts),
+    }
+}
+
+/// The radix bits of the level below for a spilled pair: [`SUB_LEVEL_BITS`], or, when
+/// the pair's build side clearly fits in the memory left (its file bytes, twice over
+/// for the table and the build's transient copies, in half of what is free), only
+/// enough partitions for every thread to build a table: more would cut every batch
+/// into more, smaller fragments for nothing (SF10 orders ⋈ lineitem at a 50% limit:
+/// 16 sub-partitions of ~500 rows per batch). Should the estimate be wrong, the level
+/// below spills and splits again like any other.
+fn sub_level_bits(plan: &JoinPlan, build_file: &SpillFile) -> u32 {
+    let limit = plan.pool.limit().bytes();
+    let free = limit.saturating_sub(plan.pool.reserved());
+    let need = usize::try_from(build_file.bytes())
+        .unwrap_or(usize::MAX)
+        .saturating_mul(2);
+    if need <= free / 2 {
+        plan.threads.max(2).next_power_of_two().ilog2()
+    } else {
+        SUB_LEVEL_BITS
     }
 }
 
@@ -547,7 +567,7 @@ fn fallback(
         let mut buffer = PartitionBuffer::default();
         while let Some(batch) = pending.take().map(Ok).or_else(|| build.next()) {
             let batch = batch.map_err(|e| ctx.input_error(plan.build_side, e))?;
-            let (batch, hashes) = level_split(plan, &batch)?;
+            let (batch, hashes) = level_split(plan, &batch, true)?;
             // The batch, its hashes and key encoding, and its share of the table.
             let need = batch_bytes(&batch) * 2 + hashes.len() * 24 + 1024;
             if chunk.try_grow(need).is_err() {
@@ -580,7 +600,7 @@ fn fallback(
             Level {
                 bits,
                 depth: level.depth + 1,
-                hashed_input: true,
+                hashed_input: ctx.plan.spills_hashes(),
                 force_spill_fraction: 0.0,
                 key_bounds: false,
             },
@@ -596,7 +616,7 @@ fn fallback(
                     return Err(JoinError::Cancelled);
                 }
                 let batch = batch.map_err(|e| ctx.input_error(plan.probe_side(), e))?;
-                let (batch, hashes) = level_split(plan, &batch)?;
+                let (batch, hashes) = level_split(plan, &batch, false)?;
                 if tracks_probe && offset + batch.num_rows() > matched.len() {
                     return Err(JoinError::InvalidJoin(format!(
                         "internal: probe spill file {} holds more rows than it said",
@@ -636,7 +656,7 @@ fn fallback(
             let mut offset = 0usize;
             for batch in file_input(file)? {
                 let batch = batch.map_err(|e| ctx.input_error(plan.probe_side(), e))?;
-                let (batch, _) = level_split(plan, &batch)?;
+                let (batch, _) = level_split(plan, &batch, false)?;
                 let n = batch.num_rows();
                 let seen = matched.get(offset..offset + n).ok_or_else(|| {
                     JoinError::InvalidJoin(format!(
@@ -666,10 +686,19 @@ fn fallback(
     Ok(())
 }
 
-fn level_split(plan: &JoinPlan, batch: &RecordBatch) -> Result<(RecordBatch, ScalarBuffer<u64>)> {
-    let (batch, hashes) = detach_hashes(batch)?;
-    let _ = plan;
-    Ok((batch, hashes))
+/// A batch read back from a spill file of the build (`build == true`) or probe side,
+/// and its rows' hashes: the stored ones, or hashed again for word keys.
+fn level_split(
+    plan: &JoinPlan,
+    batch: &RecordBatch,
+    build: bool,
+) -> Result<(RecordBatch, ScalarBuffer<u64>)> {
+    if plan.spills_hashes() {
+        return detach_hashes(batch);
+    }
+    let mut hashes = Vec::new();
+    plan.hash_rows(batch, build, &mut hashes)?;
+    Ok((batch.clone(), hashes.into()))
 }
 
 fn attach_back(
@@ -677,11 +706,7 @@ fn attach_back(
     batch: &RecordBatch,
     hashes: &ScalarBuffer<u64>,
 ) -> Result<RecordBatch> {
-    crate::batches::attach_hashes(
-        batch,
-        hashes.to_vec(),
-        &with_hash_column(&plan.build_schema),
-    )
+    crate::batches::attach_hashes(batch, hashes.to_vec(), &plan.spill_schema(true))
 }
 
 /// Runs a whole join: level 0 over the user's inputs.

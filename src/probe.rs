@@ -27,7 +27,7 @@ use arrow_select::take::take_record_batch;
 use spilljoin_memory::MemoryReservation;
 use spilljoin_spill::{SpillFile, SpillWriter, WRITE_BUFFER_BYTES};
 
-use crate::batches::{attach_hashes, batch_bytes, lock, with_hash_column, write_counted};
+use crate::batches::{attach_hashes, batch_bytes, lock, write_counted};
 use crate::bloom::Bloom;
 use crate::build::{BuiltPartition, BuiltSide, Partition, Unmatchable};
 use crate::error::{JoinError, Result};
@@ -157,7 +157,7 @@ impl ProbeState {
             probe_non_empty: AtomicBool::new(facts.probe_non_empty),
             probe_has_null: AtomicBool::new(facts.probe_has_null),
             spills,
-            spill_schema: with_hash_column(&plan.probe_schema),
+            spill_schema: plan.spill_schema(false),
             _reservation: reservation,
         })
     }
@@ -190,7 +190,7 @@ impl ProbeState {
         Ok(reservation.try_grow(bytes)?)
     }
 
-    /// Appends probe rows (with their hashes) to partition `p`'s spill file. Rows are
+    /// Appends probe rows (with their hashes, if spill files keep them) to partition `p`'s spill file. Rows are
     /// buffered and written a batch at a time; when memory is short, this partition's
     /// buffer and then every other partition's is written first.
     fn spill_rows(
@@ -433,7 +433,11 @@ impl<'a> Prober<'a> {
         for &r in &rows {
             self.deferred[r as usize] = true;
         }
-        let hashes: Vec<u64> = rows.iter().map(|&r| self.hashes[r as usize]).collect();
+        let hashes: Vec<u64> = if ctx.plan.spills_hashes() {
+            rows.iter().map(|&r| self.hashes[r as usize]).collect()
+        } else {
+            Vec::new()
+        };
         let fragment = take_record_batch(batch, &UInt32Array::from(rows))?;
         self.state.spill_rows(ctx, p, fragment, hashes)
     }

@@ -627,24 +627,31 @@ impl<'a> BuildCollector<'a> {
         // exist, and a word key's table its rows' hashes again: both transient.
         // Partitions are finished `threads` at a time when there is room for the
         // largest `threads` of these; otherwise one at a time, with room for one.
-        let mut largest: Vec<usize> = lock(&self.state)
-            .partitions
-            .iter()
-            .filter(|p| p.writer.is_none())
-            .map(|p| finish_transient_bytes(plan, p))
-            .filter(|&bytes| bytes > 0)
-            .collect();
-        largest.sort_unstable_by(|a, b| b.cmp(a));
         let mut concat_reservation = self.base.new_empty();
-        let parallel: usize = largest.iter().take(plan.threads).sum();
-        let finish_threads = if concat_reservation.try_grow(parallel).is_ok() {
-            plan.threads
-        } else {
-            self.reserve(
-                &mut concat_reservation,
-                largest.first().copied().unwrap_or(0),
-            )?;
-            1
+        let finish_threads = loop {
+            let mut largest: Vec<usize> = lock(&self.state)
+                .partitions
+                .iter()
+                .filter(|p| p.writer.is_none())
+                .map(|p| finish_transient_bytes(plan, p))
+                .filter(|&bytes| bytes > 0)
+                .collect();
+            largest.sort_unstable_by(|a, b| b.cmp(a));
+            let parallel: usize = largest.iter().take(plan.threads).sum();
+            if concat_reservation.try_grow(parallel).is_ok() {
+                break plan.threads;
+            }
+            let first = largest.first().copied().unwrap_or(0);
+            match concat_reservation.try_grow(first) {
+                Ok(()) => break 1,
+                // Spilling frees memory, and may spill the very partition that
+                // needed the most: look again at what is left.
+                Err(e) => {
+                    if !self.spill_something(None)? {
+                        return Err(e.into());
+                    }
+                }
+            }
         };
         // Tables for the in-memory partitions, smallest first; spill the largest
         // remaining partitions while they do not fit.

@@ -45,7 +45,8 @@ SKEW_SEED = 20240601
 SKEW_HOT_SHARE = 0.20  # share of the build (orders) rows on the one hot key
 SKEW_HOT_PROBE_ROWS = 5  # lineitem rows on the hot key: keeps the output small
 SKEW_ZIPF_A = 1.2  # numpy zipf exponent of every other key, on both sides
-SKEW_MAX_OUTPUT = 50_000_000  # refuse a dataset whose inner join would be bigger
+SKEW_MAX_OUTPUT_PER_SF = 10_000_000  # refuse a dataset whose inner join would be bigger
+# (10M output rows per unit of scale factor: about 1.3x orders ⋈ lineitem)
 # Time targets of spilljoin under a limit, as a multiple of its unlimited time (--summary).
 SLOWDOWN_TARGETS = {"25%": 1.5, "5%": 2.5}
 
@@ -269,8 +270,9 @@ def write_skew(sf: float) -> None:
         "top_probe_keys": [[int(keys[i]), int(bc[i]), int(pc[i])] for i in top_p],
         "expected_inner_rows": output,
     }
-    if output > SKEW_MAX_OUTPUT:
-        raise SystemExit(f"skew dataset would join to {output} rows (> {SKEW_MAX_OUTPUT}); "
+    max_output = int(SKEW_MAX_OUTPUT_PER_SF * max(sf, 1))
+    if output > max_output:
+        raise SystemExit(f"skew dataset would join to {output} rows (> {max_output}); "
                          "change SKEW_SEED or the shape")
     for table, key, values in (("orders", "o_orderkey", keys[b]), ("lineitem", "l_orderkey", keys[p])):
         src, out = pq.ParquetFile(paths[table]), Path(paths[f"{table}_skew"])

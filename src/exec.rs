@@ -31,14 +31,14 @@ use arrow_buffer::ScalarBuffer;
 use arrow_schema::ArrowError;
 use crossbeam::channel::Sender;
 use spilljoin_memory::{MemoryConsumer, MemoryReservation};
-use spilljoin_spill::{SpillError, SpillFile, SpillManager};
+use spilljoin_spill::{SpillError, SpillFile, SpillManager, WRITE_BUFFER_BYTES};
 
-use crate::batches::{batch_bytes, detach_hashes, pieces, run_workers};
+use crate::batches::{batch_bytes, detach_hashes, pieces, run_workers, write_counted};
 use crate::build::{
     build_side, finish_partition, BuiltSide, Partition, PartitionBuffer, Unmatchable,
 };
 use crate::error::{JoinError, Result, Side};
-use crate::join::InputStreams;
+use crate::join::{HotKeySplit, InputStreams};
 use crate::join_type::BuildJoinType;
 use crate::output::OutputSink;
 use crate::partition::HashBits;
@@ -73,6 +73,7 @@ pub(crate) struct SharedMetrics {
     pub partitions_spilled: AtomicU64,
     pub max_depth: AtomicU64,
     pub fallbacks: AtomicU64,
+    pub hot_key_splits: AtomicU64,
     pub swapped_pairs: AtomicU64,
     pub phase: std::sync::atomic::AtomicU8,
 }
@@ -503,7 +504,7 @@ fn join_pair(
             run_level(ctx, sub, vec![file_input(build_file)?], probe_inputs, facts)?;
             Ok(())
         }
-        _ => fallback(ctx, level, build_file, probe_file, facts),
+        _ => fallback(ctx, level, level_rows, build_file, probe_file, facts),
     }
 }
 
@@ -527,9 +528,196 @@ fn sub_level_bits(plan: &JoinPlan, build_file: &SpillFile) -> u32 {
     }
 }
 
-/// Joins a spilled pair that cannot be split further: the build file in chunks that
-/// fit, each joined with the whole probe file (single-threaded).
+/// Joins a spilled pair that its hash bits cannot split.
+///
+/// When one hash value (one key, bar collisions) holds at least half of the build
+/// file's first rows, and reading the whole probe file once per build chunk would cost
+/// more than writing both files once more, the pair is split first
+/// ([`split_hot_key`]): that key's rows, on both sides, are joined in chunks against
+/// that key's probe rows only, and the other rows go back to [`join_pair`], where they
+/// split like any pair. Otherwise the whole pair is joined in chunks ([`chunked`]).
 fn fallback(
+    ctx: &Ctx<'_>,
+    level: Level,
+    level_rows: u64,
+    build_file: &SpillFile,
+    probe_file: Option<&SpillFile>,
+    facts: Facts,
+) -> Result<()> {
+    ctx.metrics.fallbacks.fetch_add(1, Ordering::Relaxed);
+    let split = |probe_file: &&SpillFile| match ctx.plan.hot_key_split {
+        HotKeySplit::Auto => split_pays(ctx.plan, build_file, probe_file),
+        HotKeySplit::Always => true,
+        HotKeySplit::Never => false,
+    };
+    if let Some(probe_file) = probe_file.filter(split) {
+        let consumer = MemoryConsumer::new("spilljoin hot key split")
+            .with_can_spill(false)
+            .register(&ctx.plan.pool);
+        let mut reservation = consumer.new_empty();
+        // The sample's hashes, then the four writers' buffers and a batch in flight
+        // (filtered twice); without room for them the pair is joined in chunks.
+        let room = HOT_SAMPLE_ROWS * 8 + 4 * WRITE_BUFFER_BYTES + 3 * ctx.plan.work_rows * 64;
+        if reservation.try_grow(room).is_ok() {
+            if let Some(hot) = hot_hash(ctx, build_file)? {
+                return split_hot_key(
+                    ctx,
+                    level,
+                    level_rows,
+                    [build_file, probe_file],
+                    hot,
+                    facts,
+                    reservation,
+                );
+            }
+        }
+    }
+    chunked(ctx, level, build_file, probe_file, facts)
+}
+
+/// Rows of a build file sampled for its most frequent hash.
+const HOT_SAMPLE_ROWS: usize = 64 * 1024;
+
+/// Whether splitting off a hot key costs less than the chunked join's extra reads of
+/// the probe file: with `c` build chunks, the chunked join reads the probe file `c`
+/// times; a split writes and reads both files once more.
+fn split_pays(plan: &JoinPlan, build_file: &SpillFile, probe_file: &SpillFile) -> bool {
+    let free = plan
+        .pool
+        .limit()
+        .bytes()
+        .saturating_sub(plan.pool.reserved())
+        .max(1) as u64;
+    // A chunk holds a batch, its copy, hashes and table: about twice the file bytes.
+    let chunks = (build_file.bytes().saturating_mul(2)).div_ceil(free).max(1);
+    let extra_reads = (chunks - 1).saturating_mul(probe_file.bytes());
+    let split = 2 * (build_file.bytes() + probe_file.bytes());
+    extra_reads > split
+}
+
+/// The hash that at least half of the first [`HOT_SAMPLE_ROWS`] rows of `file` (a
+/// build spill file) share, if one does.
+fn hot_hash(ctx: &Ctx<'_>, file: &SpillFile) -> Result<Option<u64>> {
+    let plan = ctx.plan;
+    let mut sample: Vec<u64> = Vec::with_capacity(HOT_SAMPLE_ROWS);
+    for batch in file_input(file)? {
+        let batch = batch.map_err(|e| ctx.input_error(plan.build_side, e))?;
+        let (_, hashes) = level_split(plan, &batch, true)?;
+        let room = HOT_SAMPLE_ROWS - sample.len();
+        sample.extend(hashes.iter().take(room));
+        if sample.len() >= HOT_SAMPLE_ROWS {
+            break;
+        }
+    }
+    sample.sort_unstable();
+    let (mut best, mut best_count, mut run) = (None, 0, 0);
+    for (i, &h) in sample.iter().enumerate() {
+        run = if i > 0 && sample[i - 1] == h {
+            run + 1
+        } else {
+            1
+        };
+        if run > best_count {
+            (best, best_count) = (Some(h), run);
+        }
+    }
+    Ok(best.filter(|_| best_count * 2 >= sample.len() && !sample.is_empty()))
+}
+
+/// Splits a pair into the rows whose hash is `hot` and the others, on both sides (one
+/// more write of each file, which keeps its format), then joins the hot pair in chunks
+/// and sends the rest back to [`join_pair`]. Every key's rows land in one of the two
+/// pairs on both sides, so each pair is a complete join of its keys: probe rows are
+/// decided in the pair that holds them, build rows likewise.
+fn split_hot_key(
+    ctx: &Ctx<'_>,
+    level: Level,
+    level_rows: u64,
+    [build_file, probe_file]: [&SpillFile; 2],
+    hot: u64,
+    facts: Facts,
+    reservation: MemoryReservation,
+) -> Result<()> {
+    let plan = ctx.plan;
+    ctx.metrics.hot_key_splits.fetch_add(1, Ordering::Relaxed);
+    let [hot_build, cold_build] = split_file(ctx, build_file, true, hot)?;
+    let [hot_probe, cold_probe] = split_file(ctx, probe_file, false, hot)?;
+    drop(reservation);
+    if hot_probe.rows() > 0 || plan.resolved.emits_build_rows_at_end() {
+        chunked(ctx, level, &hot_build, Some(&hot_probe), facts)?;
+    }
+    drop((hot_build, hot_probe));
+    if cold_build.rows() == build_file.rows() {
+        // Nothing was hot after all (the sample was not the file): no progress.
+        return chunked(ctx, level, &cold_build, Some(&cold_probe), facts);
+    }
+    if cold_probe.rows() > 0 || plan.resolved.emits_build_rows_at_end() {
+        join_pair(
+            ctx,
+            level,
+            level_rows,
+            &cold_build,
+            Some(&cold_probe),
+            facts,
+        )?;
+    }
+    Ok(())
+}
+
+/// Rewrites a spill file of the build (`build == true`) or probe side as two: the
+/// rows whose hash is `hot`, and the others.
+fn split_file(ctx: &Ctx<'_>, file: &SpillFile, build: bool, hot: u64) -> Result<[SpillFile; 2]> {
+    let plan = ctx.plan;
+    let side = if build { "build" } else { "probe" };
+    let (rows_counter, bytes_counter, files_counter) = if build {
+        (
+            &ctx.metrics.build_rows_spilled,
+            &ctx.metrics.build_bytes_spilled,
+            &ctx.metrics.build_spill_files,
+        )
+    } else {
+        (
+            &ctx.metrics.probe_rows_spilled,
+            &ctx.metrics.probe_bytes_spilled,
+            &ctx.metrics.probe_spill_files,
+        )
+    };
+    let schema = plan.spill_schema(build);
+    let mut writers = [
+        ctx.spill
+            .create_writer(Arc::clone(&schema), &format!("{side}-hot"))?,
+        ctx.spill
+            .create_writer(Arc::clone(&schema), &format!("{side}-cold"))?,
+    ];
+    ctx.metrics.spill_files.fetch_add(2, Ordering::Relaxed);
+    files_counter.fetch_add(2, Ordering::Relaxed);
+    for batch in file_input(file)? {
+        if ctx.cancel.load(Ordering::Relaxed) {
+            return Err(JoinError::Cancelled);
+        }
+        let side_of_input = if build {
+            plan.build_side
+        } else {
+            plan.probe_side()
+        };
+        let batch = batch.map_err(|e| ctx.input_error(side_of_input, e))?;
+        let (_, hashes) = level_split(plan, &batch, build)?;
+        let is_hot: BooleanArray = hashes.iter().map(|&h| Some(h == hot)).collect();
+        let is_cold: BooleanArray = hashes.iter().map(|&h| Some(h != hot)).collect();
+        for (writer, mask) in writers.iter_mut().zip([&is_hot, &is_cold]) {
+            let part = arrow_select::filter::filter_record_batch(&batch, mask)?;
+            if part.num_rows() > 0 {
+                write_counted(writer, &part, rows_counter, bytes_counter)?;
+            }
+        }
+    }
+    let [hot_writer, cold_writer] = writers;
+    Ok([hot_writer.finish()?, cold_writer.finish()?])
+}
+
+/// Joins a spilled pair in chunks: the build file in chunks that fit, each joined
+/// with the whole probe file (single-threaded).
+fn chunked(
     ctx: &Ctx<'_>,
     level: Level,
     build_file: &SpillFile,
@@ -537,7 +725,6 @@ fn fallback(
     facts: Facts,
 ) -> Result<()> {
     let plan = ctx.plan;
-    ctx.metrics.fallbacks.fetch_add(1, Ordering::Relaxed);
     let resolved = plan.resolved;
     let bits = HashBits::new(0);
     let consumer = MemoryConsumer::new("spilljoin fallback")

@@ -92,6 +92,22 @@ pub struct HashJoinBuilder {
     force_spill_fraction: Option<f64>,
     statistics: (InputStatistics, InputStatistics),
     swap_sides: bool,
+    hot_key_split: HotKeySplit,
+}
+
+/// Whether the fallback for a spilled pair that its hash bits cannot split first
+/// splits off the rows of its dominant key (see [`JoinMetrics::hot_key_splits`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum HotKeySplit {
+    /// When it costs less than the chunked join's extra reads of the probe file
+    /// (the probe file is large against the build file and the memory).
+    #[default]
+    Auto,
+    /// Whenever a key holds half of the pair's first build rows and the split's
+    /// buffers fit (tests use it to run the split on small inputs).
+    Always,
+    /// Never: such pairs are joined in chunks against their whole probe file.
+    Never,
 }
 
 /// What is known about an input's size before it is read: bytes of the columns the
@@ -147,6 +163,7 @@ impl HashJoinBuilder {
             force_spill_fraction: None,
             statistics: Default::default(),
             swap_sides: true,
+            hot_key_split: HotKeySplit::Auto,
         }
     }
 
@@ -221,6 +238,14 @@ impl HashJoinBuilder {
     /// time; the output is the same.
     pub fn with_swap_spilled_pairs(mut self, swap: bool) -> Self {
         self.swap_spilled_pairs = swap;
+        self
+    }
+
+    /// Whether a spilled pair with a dominant key splits that key off before the
+    /// chunked fallback (default [`HotKeySplit::Auto`]). The output does not depend on
+    /// it.
+    pub fn with_hot_key_split(mut self, mode: HotKeySplit) -> Self {
+        self.hot_key_split = mode;
         self
     }
 
@@ -382,6 +407,7 @@ impl HashJoinBuilder {
             threads: self.threads,
             bits,
             force_spill_fraction: self.force_spill_fraction,
+            hot_key_split: self.hot_key_split,
             mirror: None,
         })
     }
@@ -466,6 +492,7 @@ pub(crate) fn snapshot(m: &SharedMetrics, reserved_bytes: u64) -> JoinMetrics {
             partitions_spilled: m.partitions_spilled.load(Ordering::Relaxed),
             max_depth: m.max_depth.load(Ordering::Relaxed),
             fallbacks: m.fallbacks.load(Ordering::Relaxed),
+            hot_key_splits: m.hot_key_splits.load(Ordering::Relaxed),
             swapped_pairs: m.swapped_pairs.load(Ordering::Relaxed),
         }
     }
@@ -544,8 +571,12 @@ pub struct JoinMetrics {
     pub partitions_spilled: u64,
     /// The deepest recursion level reached (0: nothing was repartitioned).
     pub max_depth: u64,
-    /// Spilled partitions joined by the chunked fallback (one key dominated).
+    /// Spilled pairs their hash bits could not split (one key dominated, or no bits
+    /// were left), joined by the fallback.
     pub fallbacks: u64,
+    /// Fallbacks that first split off the rows of their dominant key, so that only
+    /// that key's probe rows are read once per build chunk.
+    pub hot_key_splits: u64,
     /// Spilled pairs joined with the probe side building, because it was smaller.
     pub swapped_pairs: u64,
 }

@@ -54,9 +54,9 @@ pub use error::{JoinError, Result, Side};
 pub use exec::{JoinPhase, MAX_DEPTH};
 pub use filter::{FilterPredicate, JoinFilter};
 pub use join::{
-    partition_bits_for, CancelHandle, HashJoin, HashJoinBuilder, InputStatistics, JoinMetrics,
-    JoinStream, MetricsHandle, DEFAULT_BATCH_SIZE_ROWS, DEFAULT_PARTITION_BITS, FORCE_SPILL_ENV,
-    MAX_BATCH_SIZE_ROWS,
+    partition_bits_for, CancelHandle, HashJoin, HashJoinBuilder, HotKeySplit, InputStatistics,
+    JoinMetrics, JoinStream, MetricsHandle, DEFAULT_BATCH_SIZE_ROWS, DEFAULT_PARTITION_BITS,
+    FORCE_SPILL_ENV, MAX_BATCH_SIZE_ROWS,
 };
 pub use join_type::{BuildJoinType, JoinType};
 pub use keys::NullEquality;

@@ -40,6 +40,7 @@ pub(crate) struct JoinPlan {
     pub threads: usize,
     pub bits: HashBits,
     pub force_spill_fraction: Option<f64>,
+    pub hot_key_split: crate::join::HotKeySplit,
     /// The same join with the other input building, for spilled pairs whose probe
     /// side turns out smaller; `None` where roles cannot swap (`NOT IN`).
     pub mirror: Option<Arc<JoinPlan>>,

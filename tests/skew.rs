@@ -9,7 +9,7 @@ use std::sync::Arc;
 use arrow_array::{ArrayRef, Int64Array, RecordBatch, StringArray};
 use common::{reference_join, rendered_rows};
 use spilljoin::memory::{GreedyMemoryPool, MemoryPool};
-use spilljoin::{HashJoinBuilder, JoinType, NullEquality};
+use spilljoin::{HashJoinBuilder, HotKeySplit, JoinType, NullEquality};
 
 fn side(prefix: &str, keys: impl Iterator<Item = Option<i64>>, pad: usize) -> RecordBatch {
     let k: Int64Array = keys.collect();
@@ -132,4 +132,166 @@ fn a_panic_in_the_fallback_is_an_error_not_a_short_result() {
         results.last()
     );
     assert_eq!(pool.reserved(), 0);
+}
+
+/// A dominant build key's pair with its hot key split off (only that key's probe rows
+/// meet every build chunk; the other rows are joined like any pair): every join type
+/// stays exact. (`Auto` splits only when the pair's probe file is large against its
+/// build file and the memory, which takes more data than a test should.)
+#[test]
+fn a_dominant_key_with_a_large_probe_side_is_split_off_and_stays_exact() {
+    // Right (build): 10 000 rows of key 7 (about 4 MiB with their payload) and 1 000
+    // rows over 500 other keys; left (probe): 6 000 rows over 3 000 keys (some
+    // unmatched), 6 of them key 7, and a null.
+    let right = side(
+        "r",
+        (0..11_000).map(|i| Some(if i % 11 != 0 { 7 } else { 1000 + i % 500 })),
+        400,
+    );
+    let left = side(
+        "l",
+        (0..6_000).map(|i| match i {
+            5_999 => None,
+            i if i % 1000 == 0 => Some(7),
+            i => Some(1000 + i % 3000),
+        }),
+        4,
+    );
+    let batches = |b: &RecordBatch| {
+        (0..b.num_rows().div_ceil(1000))
+            .map(|i| Ok(b.slice(i * 1000, (b.num_rows() - i * 1000).min(1000))))
+            .collect::<Vec<_>>()
+    };
+    for join_type in JoinType::ALL {
+        let filter = matches!(
+            join_type,
+            JoinType::Left | JoinType::RightSemi | JoinType::LeftAnti
+        );
+        let expected = reference_join(
+            &left,
+            &right,
+            &[(0, 0)],
+            join_type,
+            filter,
+            NullEquality::NullEqualsNothing,
+        );
+        let pool: Arc<dyn MemoryPool> = Arc::new(GreedyMemoryPool::new(3 << 20));
+        let mut builder = HashJoinBuilder::new(left.schema(), right.schema(), [("lk", "rk")])
+            .with_join_type(join_type)
+            .with_memory_pool(Arc::clone(&pool))
+            .with_threads(2)
+            .with_batch_size(1000)
+            .with_swap_spilled_pairs(false)
+            // The probe side is not large enough for `Auto` to find the split worth it.
+            .with_hot_key_split(HotKeySplit::Always);
+        if filter {
+            builder =
+                builder.with_filter(common::less_than_filter(&left.schema(), &right.schema()));
+        }
+        let mut stream = builder
+            .build()
+            .unwrap()
+            .execute(batches(&left), batches(&right))
+            .unwrap();
+        let output: Vec<RecordBatch> = stream
+            .by_ref()
+            .collect::<Result<_, _>>()
+            .unwrap_or_else(|e| panic!("{join_type}: {e}"));
+        let m = stream.metrics();
+        assert_eq!(
+            rendered_rows(&output),
+            expected,
+            "{join_type} (filter {filter}): {m:?}"
+        );
+        assert!(
+            m.hot_key_splits > 0,
+            "{join_type}: the hot key should be split off: {m:?}"
+        );
+        drop(stream);
+        assert_eq!(pool.reserved(), 0);
+    }
+}
+
+/// Random joins whose build side has a dominant key, under limits that send it to the
+/// fallback, with the hot key split off: every join type, with and without a filter,
+/// both null equalities, 1 to 3 threads, hot probe rows or none — each compared with
+/// the reference.
+#[test]
+fn random_dominant_key_splits_match_the_reference() {
+    use rand::Rng;
+    let mut splits = 0;
+    let cases = 24;
+    for case in 0..cases {
+        let (seed, mut rng) = common::rng_for(case + 900_000);
+        let join_type = JoinType::ALL[rng.random_range(0..JoinType::ALL.len())];
+        let null_aware = join_type.is_null_aware();
+        let filter = !null_aware && rng.random_bool(0.4);
+        let null_equality = if !null_aware && rng.random_bool(0.3) {
+            NullEquality::NullEqualsNull
+        } else {
+            NullEquality::NullEqualsNothing
+        };
+        let threads = rng.random_range(1..=3);
+        let limit = [5 << 19, 3 << 20, 4 << 20][rng.random_range(0..3)];
+        let hot_probe_every = [0, 500, 2000][rng.random_range(0..3)];
+        let domain = [50, 3000][rng.random_range(0..2)];
+        let right = side(
+            "r",
+            (0..11_000).map(|i| match i % 11 {
+                0 if i % 77 == 0 => None,
+                0 => Some(1000 + i % 500),
+                _ => Some(7),
+            }),
+            400,
+        );
+        let probe_keys: Vec<Option<i64>> = (0..5_000)
+            .map(|i| match i {
+                i if i % 997 == 0 => None,
+                i if hot_probe_every > 0 && i % hot_probe_every == 0 => Some(7),
+                _ => Some(1000 + rng.random_range(0..domain)),
+            })
+            .collect();
+        let left = side("l", probe_keys.into_iter(), 4);
+        let context = format!(
+            "case {case} (seed {seed}): {join_type} filter={filter} {null_equality:?} threads={threads} \
+             limit={limit} hot_probe_every={hot_probe_every} domain={domain}"
+        );
+        let expected = reference_join(&left, &right, &[(0, 0)], join_type, filter, null_equality);
+        let pool: Arc<dyn MemoryPool> = Arc::new(GreedyMemoryPool::new(limit));
+        let mut builder = HashJoinBuilder::new(left.schema(), right.schema(), [("lk", "rk")])
+            .with_join_type(join_type)
+            .with_null_equality(null_equality)
+            .with_memory_pool(Arc::clone(&pool))
+            .with_threads(threads)
+            .with_batch_size(1000)
+            .with_swap_spilled_pairs(false)
+            .with_hot_key_split(HotKeySplit::Always);
+        if filter {
+            builder =
+                builder.with_filter(common::less_than_filter(&left.schema(), &right.schema()));
+        }
+        let slices = |b: &RecordBatch| {
+            (0..b.num_rows().div_ceil(700))
+                .map(|i| Ok(b.slice(i * 700, (b.num_rows() - i * 700).min(700))))
+                .collect::<Vec<_>>()
+        };
+        let mut stream = builder
+            .build()
+            .unwrap()
+            .execute(slices(&left), slices(&right))
+            .unwrap();
+        let output: Vec<RecordBatch> = stream
+            .by_ref()
+            .collect::<Result<_, _>>()
+            .unwrap_or_else(|e| panic!("{context}: {e}"));
+        let m = stream.metrics();
+        assert_eq!(rendered_rows(&output), expected, "{context}\n{m:?}");
+        splits += (m.hot_key_splits > 0) as usize;
+        drop(stream);
+        assert_eq!(pool.reserved(), 0, "{context}");
+    }
+    assert!(
+        splits * 2 >= cases as usize,
+        "only {splits} of {cases} cases split a hot key off"
+    );
 }

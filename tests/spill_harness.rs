@@ -22,7 +22,7 @@ use rand::rngs::StdRng;
 use rand::Rng;
 use spilljoin::memory::{GreedyMemoryPool, MemoryPool};
 use spilljoin::spill::{SpillConfig, SpillManager};
-use spilljoin::{HashJoinBuilder, JoinError, JoinType, NullEquality};
+use spilljoin::{HashJoinBuilder, HotKeySplit, JoinError, JoinType, NullEquality};
 
 const DEFAULT_CASES: u64 = 300;
 
@@ -110,6 +110,7 @@ struct Tally {
     spilled: u64,
     recursed: u64,
     fallbacks: u64,
+    hot_key_splits: u64,
     swapped: u64,
     probe_rows_skipped_by_bloom: u64,
 }
@@ -145,9 +146,11 @@ fn run_case(case: u64, tally: &mut Tally) {
     let threads = rng.random_range(1..=4);
     let bits = [0, 2, 4, 6][rng.random_range(0..4)];
     let force = [0.0, 0.0, 0.5, 1.0][rng.random_range(0..4)];
+    let hot_split =
+        [HotKeySplit::Auto, HotKeySplit::Always, HotKeySplit::Never][rng.random_range(0..3)];
     let context = format!(
         "case {case} (seed {seed}): {join_type} {lshape:?}x{rshape:?} left={ln} right={rn} domain={domain} wide={wide} \
-         {null_equality:?} filter={filter} limit={limit} batch={batch_size} input_rows={input_rows} threads={threads} bits={bits} force={force}\n\
+         {null_equality:?} filter={filter} limit={limit} batch={batch_size} input_rows={input_rows} threads={threads} bits={bits} force={force} hot_split={hot_split:?}\n\
          replay: SPILLJOIN_HARNESS_CASE={case} cargo test --release --test spill_harness"
     );
     let expected = reference_join(&left, &right, &[(0, 0)], join_type, filter, null_equality);
@@ -163,7 +166,8 @@ fn run_case(case: u64, tally: &mut Tally) {
         .with_batch_size(batch_size)
         .with_threads(threads)
         .with_partition_bits(bits)
-        .with_force_spill(force);
+        .with_force_spill(force)
+        .with_hot_key_split(hot_split);
     if filter {
         builder = builder.with_filter(less_than_filter(&left.schema(), &right.schema()));
     }
@@ -207,6 +211,7 @@ fn run_case(case: u64, tally: &mut Tally) {
     tally.spilled += (metrics.partitions_spilled > 0) as u64;
     tally.recursed += (metrics.max_depth > 0) as u64;
     tally.fallbacks += (metrics.fallbacks > 0) as u64;
+    tally.hot_key_splits += (metrics.hot_key_splits > 0) as u64;
     tally.swapped += (metrics.swapped_pairs > 0) as u64;
     tally.probe_rows_skipped_by_bloom += metrics.probe_rows_skipped;
     match failure {

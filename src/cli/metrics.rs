@@ -12,7 +12,7 @@
 //!                        "estimated_bytes", "rows_in_metadata"}, "right": {..} },
 //!   "build": { "rows", "rows_spilled", "bytes_spilled" },
 //!   "probe": { "rows", "rows_spilled", "bytes_spilled", "rows_skipped_by_bloom" },
-//!   "spill": { "files", "partitions_spilled", "max_recursion_depth", "fallbacks", "swapped_pairs", "dir", "compression" },
+//!   "spill": { "files", "partitions_spilled", "max_recursion_depth", "fallbacks", "hot_key_splits", "swapped_pairs", "dir", "compression" },
 //!   "memory": { "limit_bytes", "peak_reserved_bytes", "peak_rss_bytes" },
 //!   ...the same figures flat, as earlier versions wrote them
 //! }
@@ -127,6 +127,7 @@ pub fn report(plan: &Plan, m: &JoinMetrics, reads: &Reads, outcome: &Outcome) ->
             "partitions_spilled": m.partitions_spilled,
             "max_recursion_depth": m.max_depth,
             "fallbacks": m.fallbacks,
+            "hot_key_splits": m.hot_key_splits,
             "swapped_pairs": m.swapped_pairs,
             "dir": spill_dir.display().to_string(),
             "compression": plan.spill.compression.to_string(),

@@ -10,15 +10,21 @@
 //!    emit unmatched/semi/anti/mark build rows of in-memory partitions
 //!    for each spilled (build file, probe file) pair, one at a time, all threads:
 //!       split it? ─► run_level(level + 1: the two files, next hash bits)
-//!       one key dominates (no split) or no hash bits left ─► chunked fallback
+//!       one key dominates (no split) or no hash bits left ─► fallback:
+//!          probe file large? ─► split the dominant key off: its pair ─► chunked,
+//!                                                         the rest ─► as any pair
+//!          otherwise ─► chunked
 //! ```
 //!
 //! Recursion writes each spilled byte once per level. Its depth is bounded by
 //! [`MAX_DEPTH`] and by the hash bits ([`crate::partition::MAX_TOTAL_PARTITION_BITS`]);
-//! a partition that does not split (one key holds all its rows) goes to the fallback:
-//! the build file is read in chunks that fit, each chunk is joined with the whole
-//! probe file, and per-probe-row match bits carry outer, anti, semi and mark semantics
-//! across chunks.
+//! a partition that does not split (one key holds most of its rows) goes to the
+//! fallback. Chunked, the build file is read in chunks that fit, each chunk is joined
+//! with the whole probe file, and per-probe-row match bits carry outer, anti, semi and
+//! mark semantics across chunks: a block nested loop with a hash table per block. When
+//! the probe file is large, the dominant key is split off first, so that only its own
+//! probe rows are read once per chunk — what a sort-merge join's grouping of equal keys
+//! would buy, for one rewrite of each file instead of an external sort of both.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Mutex;

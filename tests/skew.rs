@@ -1,6 +1,6 @@
 //! One key that dominates the build side: repartitioning cannot split it, so its
-//! partition is joined by the chunked fallback, which must stay exact for every join
-//! type.
+//! partition goes to the fallback (chunked, or with the key split off first), which
+//! must stay exact for every join type.
 
 mod common;
 
@@ -9,7 +9,7 @@ use std::sync::Arc;
 use arrow_array::{ArrayRef, Int64Array, RecordBatch, StringArray};
 use common::{reference_join, rendered_rows};
 use spilljoin::memory::{GreedyMemoryPool, MemoryPool};
-use spilljoin::{HashJoinBuilder, HotKeySplit, JoinType, NullEquality};
+use spilljoin::{HashJoinBuilder, HotKeySplit, JoinMetrics, JoinType, NullEquality};
 
 fn side(prefix: &str, keys: impl Iterator<Item = Option<i64>>, pad: usize) -> RecordBatch {
     let k: Int64Array = keys.collect();
@@ -24,6 +24,54 @@ fn side(prefix: &str, keys: impl Iterator<Item = Option<i64>>, pad: usize) -> Re
         (format!("{prefix}s"), Arc::new(s) as ArrayRef),
     ])
     .unwrap()
+}
+
+/// One join of `left` (probe) and `right` (build) on their keys under `limit` bytes,
+/// spilled pairs never swapped, in slices of `slice` rows; `tweak` sets the rest.
+/// Checks the output against the reference join and that every reservation is
+/// returned; returns the join's metrics. `context` names the case in failures.
+#[allow(clippy::too_many_arguments)]
+fn check_join(
+    left: &RecordBatch,
+    right: &RecordBatch,
+    join_type: JoinType,
+    filter: bool,
+    null_equality: NullEquality,
+    limit: usize,
+    slice: usize,
+    tweak: impl FnOnce(HashJoinBuilder) -> HashJoinBuilder,
+    context: &str,
+) -> JoinMetrics {
+    let expected = reference_join(left, right, &[(0, 0)], join_type, filter, null_equality);
+    let pool: Arc<dyn MemoryPool> = Arc::new(GreedyMemoryPool::new(limit));
+    let mut builder = HashJoinBuilder::new(left.schema(), right.schema(), [("lk", "rk")])
+        .with_join_type(join_type)
+        .with_null_equality(null_equality)
+        .with_memory_pool(Arc::clone(&pool))
+        .with_batch_size(1000)
+        .with_swap_spilled_pairs(false);
+    if filter {
+        builder = builder.with_filter(common::less_than_filter(&left.schema(), &right.schema()));
+    }
+    let slices = |b: &RecordBatch| {
+        (0..b.num_rows().div_ceil(slice))
+            .map(|i| Ok(b.slice(i * slice, (b.num_rows() - i * slice).min(slice))))
+            .collect::<Vec<_>>()
+    };
+    let mut stream = tweak(builder)
+        .build()
+        .unwrap()
+        .execute(slices(left), slices(right))
+        .unwrap();
+    let output: Vec<RecordBatch> = stream
+        .by_ref()
+        .collect::<Result<_, _>>()
+        .unwrap_or_else(|e| panic!("{context}: {e}"));
+    let m = stream.metrics();
+    assert_eq!(rendered_rows(&output), expected, "{context}\n{m:?}");
+    drop(stream);
+    assert_eq!(pool.reserved(), 0, "{context}");
+    m
 }
 
 #[test]
@@ -46,57 +94,28 @@ fn a_dominant_key_goes_to_the_fallback_and_stays_exact() {
         }),
         4,
     );
-    let right_batches = || {
-        (0..32)
-            .map(|i| Ok(right.slice(i * 1000, 1000)))
-            .collect::<Vec<_>>()
-    };
     for join_type in JoinType::ALL {
         let filter = matches!(
             join_type,
             JoinType::Full | JoinType::LeftSemi | JoinType::RightAnti
         );
-        let expected = reference_join(
+        let context = format!("{join_type} (filter {filter})");
+        // The probe side is tiny: swapping roles would avoid the fallback.
+        let m = check_join(
             &left,
             &right,
-            &[(0, 0)],
             join_type,
             filter,
             NullEquality::NullEqualsNothing,
+            3 << 20,
+            1000,
+            |b| b.with_threads(2),
+            &context,
         );
-        let pool: Arc<dyn MemoryPool> = Arc::new(GreedyMemoryPool::new(3 << 20));
-        let mut builder = HashJoinBuilder::new(left.schema(), right.schema(), [("lk", "rk")])
-            .with_join_type(join_type)
-            .with_memory_pool(Arc::clone(&pool))
-            .with_threads(2)
-            .with_batch_size(1000)
-            // The probe side is tiny: swapping roles would avoid the fallback.
-            .with_swap_spilled_pairs(false);
-        if filter {
-            builder =
-                builder.with_filter(common::less_than_filter(&left.schema(), &right.schema()));
-        }
-        let mut stream = builder
-            .build()
-            .unwrap()
-            .execute(vec![Ok(left.clone())], right_batches())
-            .unwrap();
-        let output: Vec<RecordBatch> = stream
-            .by_ref()
-            .collect::<Result<_, _>>()
-            .unwrap_or_else(|e| panic!("{join_type}: {e}"));
-        let m = stream.metrics();
         assert!(
             m.fallbacks > 0,
-            "{join_type}: the hot key should need the fallback: {m:?}"
+            "{context}: the hot key should need the fallback: {m:?}"
         );
-        assert_eq!(
-            rendered_rows(&output),
-            expected,
-            "{join_type} (filter {filter})"
-        );
-        drop(stream);
-        assert_eq!(pool.reserved(), 0);
     }
 }
 
@@ -157,58 +176,28 @@ fn a_dominant_key_with_a_large_probe_side_is_split_off_and_stays_exact() {
         }),
         4,
     );
-    let batches = |b: &RecordBatch| {
-        (0..b.num_rows().div_ceil(1000))
-            .map(|i| Ok(b.slice(i * 1000, (b.num_rows() - i * 1000).min(1000))))
-            .collect::<Vec<_>>()
-    };
     for join_type in JoinType::ALL {
         let filter = matches!(
             join_type,
             JoinType::Left | JoinType::RightSemi | JoinType::LeftAnti
         );
-        let expected = reference_join(
+        let context = format!("{join_type} (filter {filter})");
+        let m = check_join(
             &left,
             &right,
-            &[(0, 0)],
             join_type,
             filter,
             NullEquality::NullEqualsNothing,
-        );
-        let pool: Arc<dyn MemoryPool> = Arc::new(GreedyMemoryPool::new(3 << 20));
-        let mut builder = HashJoinBuilder::new(left.schema(), right.schema(), [("lk", "rk")])
-            .with_join_type(join_type)
-            .with_memory_pool(Arc::clone(&pool))
-            .with_threads(2)
-            .with_batch_size(1000)
-            .with_swap_spilled_pairs(false)
+            3 << 20,
+            1000,
             // The probe side is not large enough for `Auto` to find the split worth it.
-            .with_hot_key_split(HotKeySplit::Always);
-        if filter {
-            builder =
-                builder.with_filter(common::less_than_filter(&left.schema(), &right.schema()));
-        }
-        let mut stream = builder
-            .build()
-            .unwrap()
-            .execute(batches(&left), batches(&right))
-            .unwrap();
-        let output: Vec<RecordBatch> = stream
-            .by_ref()
-            .collect::<Result<_, _>>()
-            .unwrap_or_else(|e| panic!("{join_type}: {e}"));
-        let m = stream.metrics();
-        assert_eq!(
-            rendered_rows(&output),
-            expected,
-            "{join_type} (filter {filter}): {m:?}"
+            |b| b.with_threads(2).with_hot_key_split(HotKeySplit::Always),
+            &context,
         );
         assert!(
             m.hot_key_splits > 0,
-            "{join_type}: the hot key should be split off: {m:?}"
+            "{context}: the hot key should be split off: {m:?}"
         );
-        drop(stream);
-        assert_eq!(pool.reserved(), 0);
     }
 }
 
@@ -256,39 +245,21 @@ fn random_dominant_key_splits_match_the_reference() {
             "case {case} (seed {seed}): {join_type} filter={filter} {null_equality:?} threads={threads} \
              limit={limit} hot_probe_every={hot_probe_every} domain={domain}"
         );
-        let expected = reference_join(&left, &right, &[(0, 0)], join_type, filter, null_equality);
-        let pool: Arc<dyn MemoryPool> = Arc::new(GreedyMemoryPool::new(limit));
-        let mut builder = HashJoinBuilder::new(left.schema(), right.schema(), [("lk", "rk")])
-            .with_join_type(join_type)
-            .with_null_equality(null_equality)
-            .with_memory_pool(Arc::clone(&pool))
-            .with_threads(threads)
-            .with_batch_size(1000)
-            .with_swap_spilled_pairs(false)
-            .with_hot_key_split(HotKeySplit::Always);
-        if filter {
-            builder =
-                builder.with_filter(common::less_than_filter(&left.schema(), &right.schema()));
-        }
-        let slices = |b: &RecordBatch| {
-            (0..b.num_rows().div_ceil(700))
-                .map(|i| Ok(b.slice(i * 700, (b.num_rows() - i * 700).min(700))))
-                .collect::<Vec<_>>()
-        };
-        let mut stream = builder
-            .build()
-            .unwrap()
-            .execute(slices(&left), slices(&right))
-            .unwrap();
-        let output: Vec<RecordBatch> = stream
-            .by_ref()
-            .collect::<Result<_, _>>()
-            .unwrap_or_else(|e| panic!("{context}: {e}"));
-        let m = stream.metrics();
-        assert_eq!(rendered_rows(&output), expected, "{context}\n{m:?}");
+        let m = check_join(
+            &left,
+            &right,
+            join_type,
+            filter,
+            null_equality,
+            limit,
+            700,
+            |b| {
+                b.with_threads(threads)
+                    .with_hot_key_split(HotKeySplit::Always)
+            },
+            &context,
+        );
         splits += (m.hot_key_splits > 0) as usize;
-        drop(stream);
-        assert_eq!(pool.reserved(), 0, "{context}");
     }
     assert!(
         splits * 2 >= cases as usize,

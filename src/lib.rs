@@ -37,6 +37,7 @@ mod cache;
 mod error;
 mod exec;
 pub mod filter;
+mod gather;
 pub mod hash;
 mod join;
 pub mod join_type;

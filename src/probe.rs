@@ -19,7 +19,7 @@ use std::ops::ControlFlow;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use arrow_array::{Array, BooleanArray, RecordBatch, UInt32Array};
+use arrow_array::{Array, ArrayRef, BooleanArray, RecordBatch, UInt32Array};
 use arrow_buffer::BooleanBuffer;
 use arrow_schema::SchemaRef;
 use arrow_select::concat::concat_batches;
@@ -32,6 +32,7 @@ use crate::bloom::Bloom;
 use crate::build::{BuiltPartition, BuiltSide, Partition, Unmatchable};
 use crate::error::{JoinError, Result};
 use crate::exec::{Ctx, Facts, Level};
+use crate::gather::{fixed_widths, FixedRows};
 use crate::hash::hash_keys;
 use crate::join_type::BuildJoinType;
 use crate::keys::{KeyEq, KeyRepr, Keys, NullEquality, NullableWordEq, RowsEq, WordEq};
@@ -83,6 +84,9 @@ impl VisitedBits {
 #[derive(Debug)]
 pub(crate) struct ProbeSpill {
     pending: Vec<RecordBatch>,
+    /// Rows gathered straight into their batch, when every column has a fixed width
+    /// (instead of `pending`).
+    gathered: Option<FixedRows>,
     rows: usize,
     writer: Option<SpillWriter>,
     reservation: MemoryReservation,
@@ -103,6 +107,8 @@ pub(crate) struct ProbeState {
     /// Per partition: where probe rows of spilled partitions go.
     spills: Vec<Option<Mutex<ProbeSpill>>>,
     spill_schema: SchemaRef,
+    /// The spill schema's column widths, when all are fixed ([`crate::gather`]).
+    fixed_widths: Option<Vec<usize>>,
     _reservation: MemoryReservation,
 }
 
@@ -143,6 +149,7 @@ impl ProbeState {
                 matches!(part, Partition::Spilled(_)).then(|| {
                     Mutex::new(ProbeSpill {
                         pending: Vec::new(),
+                        gathered: None,
                         rows: 0,
                         writer: None,
                         reservation: reservation.new_empty(),
@@ -158,6 +165,7 @@ impl ProbeState {
             probe_has_null: AtomicBool::new(facts.probe_has_null),
             spills,
             spill_schema: plan.spill_schema(false),
+            fixed_widths: fixed_widths(&plan.spill_schema(false)),
             _reservation: reservation,
         })
     }
@@ -234,8 +242,66 @@ impl ProbeState {
         Ok(())
     }
 
+    /// Like [`spill_rows`](Self::spill_rows) for a spill schema of fixed-width
+    /// columns: rows `rows` of `columns` (and their `hashes`, where spill files keep
+    /// them) are copied once, into the batch that will be written.
+    fn spill_gathered(
+        &self,
+        ctx: &Ctx<'_>,
+        p: usize,
+        columns: &[ArrayRef],
+        rows: &[u32],
+        hashes: Option<&[u64]>,
+    ) -> Result<()> {
+        let (Some(slot), Some(widths)) = (
+            self.spills.get(p).and_then(|s| s.as_ref()),
+            self.fixed_widths.as_deref(),
+        ) else {
+            return Err(JoinError::InvalidJoin(
+                "internal: gathering for an unspilled partition".into(),
+            ));
+        };
+        // Grows the reservation to what the buffers will hold with these rows.
+        let reserve = |spill: &mut ProbeSpill| -> Result<(), spilljoin_memory::MemoryError> {
+            let rows_now = spill
+                .gathered
+                .get_or_insert_with(|| FixedRows::new(Arc::clone(&self.spill_schema), widths));
+            let need = rows_now.capacity_after(rows.len());
+            let held = spill.reservation.size();
+            spill.reservation.try_grow(need.saturating_sub(held))
+        };
+        let append = |spill: &mut ProbeSpill| -> Result<()> {
+            if let Some(gathered) = spill.gathered.as_mut() {
+                gathered.append(columns, rows, hashes)?;
+            }
+            spill.rows += rows.len();
+            if spill.rows >= ctx.plan.work_rows {
+                self.flush(ctx, spill)?;
+            }
+            Ok(())
+        };
+        {
+            let mut spill = lock(slot);
+            if reserve(&mut spill).is_ok() {
+                return append(&mut spill);
+            }
+            self.flush(ctx, &mut spill)?;
+            if reserve(&mut spill).is_ok() {
+                return append(&mut spill);
+            }
+        }
+        // Free every buffer (one lock at a time, so no two workers deadlock).
+        for other in self.spills.iter().flatten() {
+            self.flush(ctx, &mut lock(other))?;
+        }
+        let mut spill = lock(slot);
+        reserve(&mut spill)?;
+        append(&mut spill)
+    }
+
     fn flush(&self, ctx: &Ctx<'_>, spill: &mut ProbeSpill) -> Result<()> {
-        if spill.pending.is_empty() {
+        let gathered = spill.gathered.as_ref().map_or(0, FixedRows::len);
+        if spill.pending.is_empty() && gathered == 0 {
             return Ok(());
         }
         let opened = spill.writer.is_none();
@@ -249,9 +315,13 @@ impl ProbeState {
                 .probe_spill_files
                 .fetch_add(1, Ordering::Relaxed);
         }
-        let pending = std::mem::take(&mut spill.pending);
-        let merged = concat_batches(&self.spill_schema, &pending)?;
-        drop(pending);
+        let merged = match spill.gathered.as_mut() {
+            Some(rows) if gathered > 0 => rows.finish()?,
+            _ => {
+                let pending = std::mem::take(&mut spill.pending);
+                concat_batches(&self.spill_schema, &pending)?
+            }
+        };
         let writer = spill
             .writer
             .as_mut()
@@ -479,6 +549,12 @@ impl<'a> Prober<'a> {
         }
         for &r in &rows {
             self.deferred[r as usize] = true;
+        }
+        if self.state.fixed_widths.is_some() {
+            let hashes = ctx.plan.spills_hashes().then_some(&self.hashes[..]);
+            return self
+                .state
+                .spill_gathered(ctx, p, batch.columns(), &rows, hashes);
         }
         let hashes: Vec<u64> = if ctx.plan.spills_hashes() {
             rows.iter().map(|&r| self.hashes[r as usize]).collect()

@@ -74,6 +74,7 @@ fn side(
     n: usize,
     domain: u64,
     wide: bool,
+    fixed_width: bool,
 ) -> RecordBatch {
     let k = keys(rng, shape, n, domain);
     let v: Int64Array = (0..n)
@@ -94,11 +95,19 @@ fn side(
         Field::new(format!("{prefix}v"), DataType::Int64, true),
         Field::new(format!("{prefix}s"), DataType::Utf8, false),
     ]));
-    RecordBatch::try_new(
+    let batch = RecordBatch::try_new(
         schema,
         vec![Arc::new(k) as ArrayRef, Arc::new(v), Arc::new(s)],
     )
-    .unwrap()
+    .unwrap();
+    // Without the string, every column has a fixed width: spilled probe rows are
+    // gathered straight into their batch (src/gather.rs) instead of taken and
+    // concatenated.
+    if fixed_width {
+        batch.project(&[0, 1]).unwrap()
+    } else {
+        batch
+    }
 }
 
 /// What one case exercised.
@@ -132,8 +141,9 @@ fn run_case(case: u64, tally: &mut Tally) {
     let (ln, rn) = (size(&mut rng), size(&mut rng));
     let domain = [3, 50, 1000, 100_000][rng.random_range(0..4)];
     let wide = rng.random_bool(0.5);
-    let left = side(&mut rng, "l", lshape, ln, domain, wide);
-    let right = side(&mut rng, "r", rshape, rn, domain, wide);
+    let fixed_width = rng.random_bool(0.4);
+    let left = side(&mut rng, "l", lshape, ln, domain, wide, fixed_width);
+    let right = side(&mut rng, "r", rshape, rn, domain, wide, fixed_width);
     let null_equality = if !join_type.is_null_aware() && rng.random_bool(0.3) {
         NullEquality::NullEqualsNull
     } else {
@@ -149,7 +159,7 @@ fn run_case(case: u64, tally: &mut Tally) {
     let hot_split =
         [HotKeySplit::Auto, HotKeySplit::Always, HotKeySplit::Never][rng.random_range(0..3)];
     let context = format!(
-        "case {case} (seed {seed}): {join_type} {lshape:?}x{rshape:?} left={ln} right={rn} domain={domain} wide={wide} \
+        "case {case} (seed {seed}): {join_type} {lshape:?}x{rshape:?} left={ln} right={rn} domain={domain} wide={wide} fixed_width={fixed_width} \
          {null_equality:?} filter={filter} limit={limit} batch={batch_size} input_rows={input_rows} threads={threads} bits={bits} force={force} hot_split={hot_split:?}\n\
          replay: SPILLJOIN_HARNESS_CASE={case} cargo test --release --test spill_harness"
     );

@@ -141,7 +141,9 @@ fn run_case(case: u64, tally: &mut Tally) {
     let (ln, rn) = (size(&mut rng), size(&mut rng));
     let domain = [3, 50, 1000, 100_000][rng.random_range(0..4)];
     let wide = rng.random_bool(0.5);
-    let fixed_width = rng.random_bool(0.4);
+    // Not drawn from `rng`, so that every other choice stays what it was for the
+    // case number (the CI mode's 300 cases keep their recursions and fallbacks).
+    let fixed_width = case % 5 >= 3;
     let left = side(&mut rng, "l", lshape, ln, domain, wide, fixed_width);
     let right = side(&mut rng, "r", rshape, rn, domain, wide, fixed_width);
     let null_equality = if !join_type.is_null_aware() && rng.random_bool(0.3) {

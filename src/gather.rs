@@ -15,7 +15,7 @@
 
 use std::sync::Arc;
 
-use arrow_array::{make_array, Array, ArrayRef, RecordBatch};
+use arrow_array::{make_array, ArrayRef, RecordBatch};
 use arrow_buffer::{BooleanBufferBuilder, MutableBuffer, NullBuffer};
 use arrow_data::ArrayData;
 use arrow_schema::{DataType, SchemaRef};
@@ -34,6 +34,17 @@ pub(crate) fn fixed_widths(schema: &SchemaRef) -> Option<Vec<usize>> {
             t => t.primitive_width(),
         })
         .collect()
+}
+
+/// Appends the `W`-byte values at `rows` of `source` (rows are checked to be in it).
+#[inline]
+fn gather_fixed<const W: usize>(out: &mut MutableBuffer, source: &[u8], rows: &[u32]) {
+    for &r in rows {
+        let at = r as usize * W;
+        if let Some(value) = source.get(at..at + W) {
+            out.extend_from_slice(value);
+        }
+    }
 }
 
 /// One column's gathered values and, once a null arrives, its validity.
@@ -103,7 +114,7 @@ impl FixedRows {
     /// past the end of the columns (bugs in the caller); nothing is appended then.
     pub fn append(
         &mut self,
-        columns: &[ArrayRef],
+        columns: &[ArrayData],
         rows: &[u32],
         hashes: Option<&[u64]>,
     ) -> Result<()> {
@@ -131,8 +142,7 @@ impl FixedRows {
                 validity.append_n(rows.len(), true);
             }
         }
-        for (column, array) in self.columns.iter_mut().zip(columns) {
-            let data = array.to_data();
+        for (column, data) in self.columns.iter_mut().zip(columns) {
             let width = column.width;
             let values = data
                 .buffers()
@@ -146,12 +156,23 @@ impl FixedRows {
                     JoinError::InvalidJoin("internal: a column shorter than its length".into())
                 })?;
             column.values.reserve(rows.len() * width);
-            for &r in rows {
-                let at = r as usize * width;
-                let value = source.get(at..at + width).ok_or_else(|| {
-                    JoinError::InvalidJoin("internal: gathering a row past the end".into())
-                })?;
-                column.values.extend_from_slice(value);
+            // Fixed-size copies for the common widths: a copy of a length known only
+            // at run time is a call to memmove per value.
+            match width {
+                1 => gather_fixed::<1>(&mut column.values, source, rows),
+                2 => gather_fixed::<2>(&mut column.values, source, rows),
+                4 => gather_fixed::<4>(&mut column.values, source, rows),
+                8 => gather_fixed::<8>(&mut column.values, source, rows),
+                16 => gather_fixed::<16>(&mut column.values, source, rows),
+                32 => gather_fixed::<32>(&mut column.values, source, rows),
+                _ => {
+                    for &r in rows {
+                        let at = r as usize * width;
+                        if let Some(value) = source.get(at..at + width) {
+                            column.values.extend_from_slice(value);
+                        }
+                    }
+                }
             }
             match (data.nulls(), column.validity.as_mut()) {
                 (Some(nulls), _) if nulls.null_count() > 0 => {
@@ -231,9 +252,12 @@ mod tests {
         // A sliced input (offset 2), one without nulls first, then one with them.
         let first: Vec<ArrayRef> = batch(0, false).iter().map(|c| c.slice(2, 8)).collect();
         let second = batch(100, true);
+        let data = |columns: &[ArrayRef]| -> Vec<ArrayData> {
+            columns.iter().map(|c| c.to_data()).collect()
+        };
         let mut rows = FixedRows::new(Arc::clone(&schema), &widths);
-        rows.append(&first, &[0, 5, 7], None).unwrap();
-        rows.append(&second, &[9, 0, 3, 3], None).unwrap();
+        rows.append(&data(&first), &[0, 5, 7], None).unwrap();
+        rows.append(&data(&second), &[9, 0, 3, 3], None).unwrap();
         assert_eq!(rows.len(), 7);
         let got = rows.finish().unwrap();
         assert_eq!(rows.len(), 0);
@@ -254,7 +278,7 @@ mod tests {
             assert_eq!(column.to_data(), want.to_data(), "column {i}");
         }
         // Reused after finish.
-        rows.append(&second, &[1], None).unwrap();
+        rows.append(&data(&second), &[1], None).unwrap();
         assert_eq!(rows.finish().unwrap().num_rows(), 1);
         // The last column from hashes instead of an array.
         let hashes: Vec<u64> = (0..10).map(|i| i * 1000).collect();
@@ -263,7 +287,8 @@ mod tests {
             Field::new("__hash", DataType::UInt64, false),
         ]));
         let mut rows = FixedRows::new(Arc::clone(&with_hash), &[8, 8]);
-        rows.append(&second[..1], &[4, 2], Some(&hashes)).unwrap();
+        rows.append(&data(&second[..1]), &[4, 2], Some(&hashes))
+            .unwrap();
         let got = rows.finish().unwrap();
         let h = got
             .column(1)
@@ -279,9 +304,9 @@ mod tests {
             Arc::new(Schema::new(vec![Field::new("a", DataType::Int64, false)]));
         let mut rows = FixedRows::new(Arc::clone(&schema), &[8]);
         let ints: ArrayRef = Arc::new(Int32Array::from(vec![1, 2]));
-        assert!(rows.append(&[ints], &[0], None).is_err());
+        assert!(rows.append(&[ints.to_data()], &[0], None).is_err());
         let longs: ArrayRef = Arc::new(Int64Array::from(vec![1, 2]));
-        assert!(rows.append(&[Arc::clone(&longs)], &[2], None).is_err());
+        assert!(rows.append(&[longs.to_data()], &[2], None).is_err());
         assert_eq!(rows.len(), 0);
         assert!(fixed_widths(&Arc::new(Schema::new(vec![Field::new(
             "s",

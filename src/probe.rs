@@ -19,8 +19,9 @@ use std::ops::ControlFlow;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use arrow_array::{Array, ArrayRef, BooleanArray, RecordBatch, UInt32Array};
+use arrow_array::{Array, BooleanArray, RecordBatch, UInt32Array};
 use arrow_buffer::BooleanBuffer;
+use arrow_data::ArrayData;
 use arrow_schema::SchemaRef;
 use arrow_select::concat::concat_batches;
 use arrow_select::take::take_record_batch;
@@ -249,7 +250,7 @@ impl ProbeState {
         &self,
         ctx: &Ctx<'_>,
         p: usize,
-        columns: &[ArrayRef],
+        columns: &[ArrayData],
         rows: &[u32],
         hashes: Option<&[u64]>,
     ) -> Result<()> {
@@ -383,6 +384,9 @@ pub(crate) struct Prober<'a> {
     pair_build: Vec<u32>,
     /// Per partition: what its bloom filter has done for this worker.
     bloom_tally: Vec<BloomTally>,
+    /// The current batch's columns as `ArrayData`, made by the first partition that
+    /// gathers rows from it ([`crate::gather`]); cleared for every batch.
+    batch_data: Vec<ArrayData>,
 }
 
 /// How often a spilled partition's bloom filter ruled probe rows out.
@@ -434,6 +438,7 @@ impl<'a> Prober<'a> {
             pair_probe: Vec::with_capacity(ctx.plan.work_rows),
             pair_build: Vec::with_capacity(ctx.plan.work_rows),
             bloom_tally: vec![BloomTally::default(); bits.fan_out()],
+            batch_data: Vec::new(),
         }
     }
 
@@ -496,6 +501,7 @@ impl<'a> Prober<'a> {
             self.grouped.group(self.bits, &self.hashes, |row| {
                 !(never_matches && keys_ref.is_null(row))
             });
+            self.batch_data.clear();
             for p in 0..self.bits.fan_out() {
                 if self.grouped.partition(p).is_empty() {
                     continue;
@@ -551,10 +557,14 @@ impl<'a> Prober<'a> {
             self.deferred[r as usize] = true;
         }
         if self.state.fixed_widths.is_some() {
+            // The batch's columns as ArrayData, once per batch (not per partition).
+            if self.batch_data.is_empty() {
+                self.batch_data = batch.columns().iter().map(|c| c.to_data()).collect();
+            }
             let hashes = ctx.plan.spills_hashes().then_some(&self.hashes[..]);
             return self
                 .state
-                .spill_gathered(ctx, p, batch.columns(), &rows, hashes);
+                .spill_gathered(ctx, p, &self.batch_data, &rows, hashes);
         }
         let hashes: Vec<u64> = if ctx.plan.spills_hashes() {
             rows.iter().map(|&r| self.hashes[r as usize]).collect()

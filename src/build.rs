@@ -107,7 +107,8 @@ pub(crate) struct BuiltSide {
 /// A partition's rows while the build input is still coming.
 #[derive(Debug, Default)]
 pub(crate) struct PartitionBuffer {
-    /// Buffered rows and their hashes (not yet written, if the partition is spilled).
+    /// Buffered rows and their hashes (none for word keys; not yet written, if the
+    /// partition is spilled).
     fragments: Vec<(RecordBatch, Vec<u64>)>,
     /// Rows buffered.
     rows: usize,

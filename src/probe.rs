@@ -199,9 +199,10 @@ impl ProbeState {
         Ok(reservation.try_grow(bytes)?)
     }
 
-    /// Appends probe rows (with their hashes, if spill files keep them) to partition `p`'s spill file. Rows are
-    /// buffered and written a batch at a time; when memory is short, this partition's
-    /// buffer and then every other partition's is written first.
+    /// Appends probe rows (with their hashes, if spill files keep them) to partition
+    /// `p`'s spill file. Rows are buffered and written a batch at a time; when memory
+    /// is short, this partition's buffer and then every other partition's is written
+    /// first.
     fn spill_rows(
         &self,
         ctx: &Ctx<'_>,

@@ -697,15 +697,15 @@ fn split_file(ctx: &Ctx<'_>, file: &SpillFile, build: bool, hot: u64) -> Result<
     ];
     ctx.metrics.spill_files.fetch_add(2, Ordering::Relaxed);
     files_counter.fetch_add(2, Ordering::Relaxed);
+    let side_of_input = if build {
+        plan.build_side
+    } else {
+        plan.probe_side()
+    };
     for batch in file_input(file)? {
         if ctx.cancel.load(Ordering::Relaxed) {
             return Err(JoinError::Cancelled);
         }
-        let side_of_input = if build {
-            plan.build_side
-        } else {
-            plan.probe_side()
-        };
         let batch = batch.map_err(|e| ctx.input_error(side_of_input, e))?;
         let (_, hashes) = level_split(plan, &batch, build)?;
         let is_hot: BooleanArray = hashes.iter().map(|&h| Some(h == hot)).collect();
@@ -849,7 +849,12 @@ fn chunked(
             let mut offset = 0usize;
             for batch in file_input(file)? {
                 let batch = batch.map_err(|e| ctx.input_error(plan.probe_side(), e))?;
-                let (batch, _) = level_split(plan, &batch, false)?;
+                // Only the rows are needed here, not their hashes.
+                let batch = if plan.spills_hashes() {
+                    detach_hashes(&batch)?.0
+                } else {
+                    batch
+                };
                 let n = batch.num_rows();
                 let seen = matched.get(offset..offset + n).ok_or_else(|| {
                     JoinError::InvalidJoin(format!(

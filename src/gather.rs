@@ -225,61 +225,60 @@ impl FixedRows {
 mod tests {
     use super::*;
     use arrow_array::{Decimal128Array, Int32Array, Int64Array, UInt64Array};
-    use arrow_schema::{Field, Schema};
+    use arrow_schema::{ArrowError, Field, Schema};
     use arrow_select::take::take;
 
+    type TestResult = std::result::Result<(), Box<dyn std::error::Error>>;
+
     #[test]
-    fn gathers_what_take_and_concat_would() {
+    fn gathers_what_take_and_concat_would() -> TestResult {
         let schema: SchemaRef = Arc::new(Schema::new(vec![
             Field::new("a", DataType::Int64, true),
             Field::new("d", DataType::Decimal128(15, 2), false),
             Field::new("h", DataType::UInt64, false),
             Field::new("s", DataType::Int32, true),
         ]));
-        let widths = fixed_widths(&schema).unwrap();
+        let widths = fixed_widths(&schema).ok_or("not fixed width")?;
         assert_eq!(widths, vec![8, 16, 8, 4]);
-        let batch = |start: i64, nulls: bool| -> Vec<ArrayRef> {
+        let batch = |start: i64, nulls: bool| -> std::result::Result<Vec<ArrayRef>, ArrowError> {
             let a: Int64Array = (start..start + 10)
                 .map(|v| (!nulls || v % 3 != 0).then_some(v))
                 .collect();
             let d = Decimal128Array::from_iter_values((start..start + 10).map(|v| v as i128 * 100))
-                .with_precision_and_scale(15, 2)
-                .unwrap();
+                .with_precision_and_scale(15, 2)?;
             let h = UInt64Array::from_iter_values((start..start + 10).map(|v| v as u64 * 7));
             let s: Int32Array = (start..start + 10).map(|v| Some(v as i32)).collect();
-            vec![Arc::new(a), Arc::new(d), Arc::new(h), Arc::new(s)]
+            Ok(vec![Arc::new(a), Arc::new(d), Arc::new(h), Arc::new(s)])
         };
         // A sliced input (offset 2), one without nulls first, then one with them.
-        let first: Vec<ArrayRef> = batch(0, false).iter().map(|c| c.slice(2, 8)).collect();
-        let second = batch(100, true);
+        let first: Vec<ArrayRef> = batch(0, false)?.iter().map(|c| c.slice(2, 8)).collect();
+        let second = batch(100, true)?;
         let data = |columns: &[ArrayRef]| -> Vec<ArrayData> {
             columns.iter().map(|c| c.to_data()).collect()
         };
         let mut rows = FixedRows::new(Arc::clone(&schema), &widths);
-        rows.append(&data(&first), &[0, 5, 7], None).unwrap();
-        rows.append(&data(&second), &[9, 0, 3, 3], None).unwrap();
+        rows.append(&data(&first), &[0, 5, 7], None)?;
+        rows.append(&data(&second), &[9, 0, 3, 3], None)?;
         assert_eq!(rows.len(), 7);
-        let got = rows.finish().unwrap();
+        let got = rows.finish()?;
         assert_eq!(rows.len(), 0);
         for (i, column) in got.columns().iter().enumerate() {
             let a = take(
                 first[i].as_ref(),
                 &arrow_array::UInt32Array::from(vec![0, 5, 7]),
                 None,
-            )
-            .unwrap();
+            )?;
             let b = take(
                 second[i].as_ref(),
                 &arrow_array::UInt32Array::from(vec![9, 0, 3, 3]),
                 None,
-            )
-            .unwrap();
-            let want = arrow_select::concat::concat(&[a.as_ref(), b.as_ref()]).unwrap();
+            )?;
+            let want = arrow_select::concat::concat(&[a.as_ref(), b.as_ref()])?;
             assert_eq!(column.to_data(), want.to_data(), "column {i}");
         }
         // Reused after finish.
-        rows.append(&data(&second), &[1], None).unwrap();
-        assert_eq!(rows.finish().unwrap().num_rows(), 1);
+        rows.append(&data(&second), &[1], None)?;
+        assert_eq!(rows.finish()?.num_rows(), 1);
         // The last column from hashes instead of an array.
         let hashes: Vec<u64> = (0..10).map(|i| i * 1000).collect();
         let with_hash: SchemaRef = Arc::new(Schema::new(vec![
@@ -287,15 +286,15 @@ mod tests {
             Field::new("__hash", DataType::UInt64, false),
         ]));
         let mut rows = FixedRows::new(Arc::clone(&with_hash), &[8, 8]);
-        rows.append(&data(&second[..1]), &[4, 2], Some(&hashes))
-            .unwrap();
-        let got = rows.finish().unwrap();
+        rows.append(&data(&second[..1]), &[4, 2], Some(&hashes))?;
+        let got = rows.finish()?;
         let h = got
             .column(1)
             .as_any()
             .downcast_ref::<UInt64Array>()
-            .unwrap();
+            .ok_or("not a UInt64 column")?;
         assert_eq!(h.values().to_vec(), vec![4000, 2000]);
+        Ok(())
     }
 
     #[test]

@@ -35,9 +35,22 @@ pub enum Command {
     Demo(DemoArgs),
 }
 
+/// The exit codes, as both helps end with them (a macro: `concat!` takes literals).
+macro_rules! exit_codes_help {
+    () => {
+        "Exit codes:
+  0 success; 1 internal error; 2 bad command line; 3 the join is invalid (unknown
+  column, key types, filter, selection); 4 an input cannot be read; 5 the output
+  cannot be written; 6 spilling failed (spill dir, full disk, --max-spill-size);
+  7 the memory limit is too small; 128+N stopped by signal N (129 SIGHUP, 130 Ctrl-C,
+  143 SIGTERM)."
+    };
+}
+
 /// The top-level help after the commands: what `join` takes, in short, with examples
 /// (`spilljoin join --help` has every flag).
-const TOP_HELP: &str = "\
+const TOP_HELP: &str = concat!(
+    "\
 spilljoin join: the flags, in short (`spilljoin join --help` explains each):
   inputs   --left PATH --right PATH (file, directory or quoted glob) --on L=R[,L=R...]
            [--left-format/--right-format F] [--left-schema/--right-schema NAME:TYPE,...]
@@ -55,14 +68,13 @@ Examples:
       --on l_orderkey=o_orderkey --memory-limit 512MiB --output joined.parquet
   spilljoin join --left a.csv --right b.parquet --on id=id --type anti --explain
 
-Exit codes:
-  0 success; 1 internal error; 2 bad command line; 3 the join is invalid (unknown
-  column, key types, filter, selection); 4 an input cannot be read; 5 the output
-  cannot be written; 6 spilling failed (spill dir, full disk, --max-spill-size);
-  7 the memory limit is too small; 128+N stopped by signal N (129 SIGHUP, 130 Ctrl-C,
-  143 SIGTERM).";
+",
+    exit_codes_help!()
+);
 
-const JOIN_EXAMPLES: &str = "\
+/// `spilljoin join --help` after the flags: examples, inputs, exit codes.
+const JOIN_EXAMPLES: &str = concat!(
+    "\
 Examples:
   spilljoin join --left lineitem.parquet --right orders.parquet \\
       --on l_orderkey=o_orderkey --output joined.parquet
@@ -75,12 +87,9 @@ Inputs are a file, a directory (every data file under it) or a quoted glob. The
 format comes from the extension (.parquet, .arrow/.feather/.ipc, .arrows, .csv/.tsv,
 .json/.jsonl/.ndjson) unless --left-format/--right-format say otherwise.
 
-Exit codes:
-  0 success; 1 internal error; 2 bad command line; 3 the join is invalid (unknown
-  column, key types, filter, selection); 4 an input cannot be read; 5 the output
-  cannot be written; 6 spilling failed (spill dir, full disk, --max-spill-size);
-  7 the memory limit is too small; 128+N stopped by signal N (129 SIGHUP, 130 Ctrl-C,
-  143 SIGTERM).";
+",
+    exit_codes_help!()
+);
 
 /// Settings shared by every command that runs a join.
 #[derive(Debug, Args, Clone)]

@@ -26,7 +26,11 @@
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
+use arrow_array::cast::AsArray;
+use arrow_array::types::UInt64Type;
 use arrow_array::{RecordBatch, UInt32Array};
+use arrow_buffer::ScalarBuffer;
+use arrow_data::ArrayData;
 use arrow_schema::{ArrowError, DataType, SchemaRef};
 use arrow_select::concat::concat_batches;
 use arrow_select::take::take_record_batch;
@@ -38,6 +42,7 @@ use crate::bloom::Bloom;
 use crate::bounds::{BoundsAccumulator, KeyBounds};
 use crate::error::{JoinError, Result};
 use crate::exec::{Ctx, Level};
+use crate::gather::{fixed_widths, FixedRows};
 use crate::hash::hash_keys;
 use crate::join::InputStreams;
 use crate::keys::KeyRepr;
@@ -51,8 +56,8 @@ use crate::table::{ChainedTable, MAX_TABLE_ROWS};
 pub(crate) struct BuiltPartition {
     /// The partition's rows.
     pub batch: RecordBatch,
-    /// Each row's key hash.
-    pub hashes: Vec<u64>,
+    /// Each row's key hash (none for word keys, which are compared directly).
+    pub hashes: ScalarBuffer<u64>,
     /// Each row's key, for equality checks.
     pub keys: KeyRepr,
     /// The hash table over the rows.
@@ -110,6 +115,9 @@ pub(crate) struct PartitionBuffer {
     /// Buffered rows and their hashes (none for word keys; not yet written, if the
     /// partition is spilled).
     fragments: Vec<(RecordBatch, Vec<u64>)>,
+    /// Buffered rows gathered in the spill schema (with the hash column where spill
+    /// files keep it), instead of fragments, when every column has a fixed width.
+    gathered: Option<FixedRows>,
     /// Rows buffered.
     rows: usize,
     /// Bytes buffered (held in the collector's reservation).
@@ -145,6 +153,8 @@ impl PartitionBuffer {
 struct CollectScratch {
     /// Holds the batch in flight and fragments not yet handed to a partition.
     mine: MemoryReservation,
+    /// Holds what a partition's gathered rows will grow by, until they do.
+    pending: MemoryReservation,
     hashes: Vec<u64>,
     grouped: PartitionedRows,
 }
@@ -168,6 +178,9 @@ pub(crate) struct BuildCollector<'a> {
     largest_batch_bytes: AtomicUsize,
     /// Key bounds, when the level keeps them.
     bounds: Mutex<BoundsAccumulator>,
+    /// The spill schema's column widths when they are all fixed: partitions gather
+    /// their rows in place (`PartitionBuffer::gathered`) instead of keeping fragments.
+    widths: Option<Vec<usize>>,
 }
 
 impl<'a> BuildCollector<'a> {
@@ -185,6 +198,7 @@ impl<'a> BuildCollector<'a> {
                 reservation: base.new_empty(),
             }),
             spill_schema: ctx.plan.spill_schema(true),
+            widths: fixed_widths(&ctx.plan.spill_schema(true)),
             base,
             largest_batch_bytes: AtomicUsize::new(0),
             bounds: Mutex::default(),
@@ -296,6 +310,24 @@ impl<'a> BuildCollector<'a> {
                 };
                 hashes.iter().for_each(|&h| bloom.insert(h));
             }
+            if let Some(gathered) = part.gathered.as_mut() {
+                // Written now anyway: finish it, and read or compute its hashes a
+                // batch at a time.
+                let batch = gathered.finish()?;
+                let batch_size = self.plan().work_rows.max(1);
+                let mut start = 0;
+                while start < batch.num_rows() {
+                    let slice = batch.slice(start, batch_size.min(batch.num_rows() - start));
+                    start += slice.num_rows();
+                    if self.plan().spills_hashes() {
+                        hash_column(&slice)?.iter().for_each(|&h| bloom.insert(h));
+                    } else {
+                        self.plan().hash_rows(&slice, true, &mut again)?;
+                        again.iter().for_each(|&h| bloom.insert(h));
+                    }
+                }
+                self.write_slices(part, reservation, &batch)?;
+            }
             part.bloom = Some(bloom);
         }
         self.flush(part, reservation, p)?;
@@ -312,7 +344,11 @@ impl<'a> BuildCollector<'a> {
         reservation: &mut MemoryReservation,
         _p: usize,
     ) -> Result<()> {
-        let batch_size = self.plan().work_rows;
+        let batch_size = self.plan().work_rows.max(1);
+        if let Some(gathered) = part.gathered.as_mut().filter(|g| g.len() > 0) {
+            let batch = gathered.finish()?;
+            self.write_slices(part, reservation, &batch)?;
+        }
         let fragments = std::mem::take(&mut part.fragments);
         let mut group: Vec<RecordBatch> = Vec::new();
         let (mut group_rows, mut group_bytes) = (0, 0);
@@ -334,6 +370,23 @@ impl<'a> BuildCollector<'a> {
         reservation.shrink(part.bytes);
         part.bytes = 0;
         part.rows = 0;
+        Ok(())
+    }
+
+    /// Writes gathered rows (in the spill schema already) in slices of a batch.
+    fn write_slices(
+        &self,
+        part: &mut PartitionBuffer,
+        reservation: &mut MemoryReservation,
+        batch: &RecordBatch,
+    ) -> Result<()> {
+        let batch_size = self.plan().work_rows.max(1);
+        let mut start = 0;
+        while start < batch.num_rows() {
+            let slice = batch.slice(start, batch_size.min(batch.num_rows() - start));
+            start += slice.num_rows();
+            self.write_group(part, reservation, vec![slice])?;
+        }
         Ok(())
     }
 
@@ -461,6 +514,7 @@ impl<'a> BuildCollector<'a> {
         let ctx = self.ctx;
         let mut scratch = CollectScratch {
             mine: self.base.new_empty(),
+            pending: self.base.new_empty(),
             hashes: Vec::new(),
             grouped: PartitionedRows::default(),
         };
@@ -506,6 +560,7 @@ impl<'a> BuildCollector<'a> {
         let plan = self.plan();
         let CollectScratch {
             mine,
+            pending,
             hashes,
             grouped,
         } = scratch;
@@ -554,6 +609,19 @@ impl<'a> BuildCollector<'a> {
         }
         grouped.group(self.level.bits, hashes, |row| !never_matches(row));
         let keep_hashes = plan.spills_hashes();
+        if let Some(widths) = self.widths.as_deref() {
+            // Every column has a fixed width: each partition gathers its rows in
+            // place, copied once.
+            let data: Vec<ArrayData> = batch.columns().iter().map(|c| c.to_data()).collect();
+            for p in 0..self.level.bits.fan_out() {
+                let rows = grouped.partition(p);
+                if !rows.is_empty() {
+                    self.add_rows(p, widths, &data, rows, hashes, pending)?;
+                }
+            }
+            mine.free();
+            return Ok(());
+        }
         for p in 0..self.level.bits.fan_out() {
             let rows = grouped.partition(p);
             if rows.is_empty() {
@@ -575,6 +643,55 @@ impl<'a> BuildCollector<'a> {
         }
         mine.free();
         Ok(())
+    }
+
+    /// Gathers rows `rows` of `columns` (a build batch whose rows' hashes are
+    /// `hashes`) into partition `p`. What the
+    /// partition's buffers grow by is reserved first, spilling if needed, with no lock
+    /// held; the rows are copied under the lock.
+    fn add_rows(
+        &self,
+        p: usize,
+        widths: &[usize],
+        columns: &[ArrayData],
+        rows: &[u32],
+        hashes: &[u64],
+        pending: &mut MemoryReservation,
+    ) -> Result<()> {
+        let batch_size = self.plan().work_rows;
+        // The spill schema's hash column, where it has one.
+        let hash_column = self.plan().spills_hashes().then_some(hashes);
+        loop {
+            let short = {
+                let mut state = lock(&self.state);
+                let state = &mut *state;
+                let part = &mut state.partitions[p];
+                let gathered = part
+                    .gathered
+                    .get_or_insert_with(|| FixedRows::new(Arc::clone(&self.spill_schema), widths));
+                let after = gathered.capacity_after(rows.len());
+                let growth = after.saturating_sub(part.bytes);
+                let held = pending.size().min(growth);
+                if held == growth || state.reservation.try_grow(growth - held).is_ok() {
+                    state.reservation.merge(pending.split(held));
+                    pending.free();
+                    gathered.append(columns, rows, hash_column)?;
+                    part.bytes += growth;
+                    part.rows += rows.len();
+                    part.total_rows += rows.len() as u64;
+                    if let Some(bloom) = part.bloom.as_mut() {
+                        rows.iter().for_each(|&r| bloom.insert(hashes[r as usize]));
+                    }
+                    // A spilled partition writes its rows a batch at a time.
+                    if part.writer.is_some() && part.rows >= batch_size {
+                        self.flush(part, &mut state.reservation, p)?;
+                    }
+                    return Ok(());
+                }
+                growth - held
+            };
+            self.reserve(pending, short)?;
+        }
     }
 
     /// `take` of some rows of `batch`, reserved first (by the rows' share of the
@@ -881,6 +998,16 @@ fn keys_in_place(plan: &JoinPlan) -> bool {
         && !matches!(key_type, DataType::Float64)
 }
 
+/// The values of a spill-schema batch's hash column (its last).
+fn hash_column(batch: &RecordBatch) -> Result<&ScalarBuffer<u64>> {
+    batch
+        .columns()
+        .last()
+        .and_then(|c| c.as_primitive_opt::<UInt64Type>())
+        .map(|a| a.values())
+        .ok_or_else(|| JoinError::InvalidJoin("internal: a batch without its hash column".into()))
+}
+
 /// The most rows of a build batch partitioned at a time.
 const MAX_BUILD_PIECE_ROWS: usize = 64 * 1024;
 
@@ -899,26 +1026,50 @@ pub(crate) fn finish_partition(
             buffer.rows
         )));
     }
-    let (batch, hashes) = match buffer.fragments.len() {
-        0 => (
-            RecordBatch::new_empty(Arc::clone(&plan.build_schema)),
-            Vec::new(),
-        ),
-        1 => buffer.fragments.into_iter().next().unwrap_or_else(|| {
-            (
-                RecordBatch::new_empty(Arc::clone(&plan.build_schema)),
-                Vec::new(),
-            )
-        }),
-        _ => {
-            let batch =
-                concat_batches(&plan.build_schema, buffer.fragments.iter().map(|(b, _)| b))?;
-            let mut hashes = Vec::with_capacity(buffer.rows);
-            for (_, h) in &buffer.fragments {
-                hashes.extend_from_slice(h);
+    // What gathered buffers hold in memory (their arrays count only their lengths).
+    let mut gathered_bytes = None;
+    let (batch, hashes): (RecordBatch, ScalarBuffer<u64>) = match buffer.gathered {
+        // Gathered in place: the buffers become the batch, uncopied; a hash column,
+        // if any, is split off.
+        Some(mut gathered) if gathered.len() > 0 => {
+            gathered_bytes = Some(gathered.capacity_after(0));
+            let batch = gathered.finish()?;
+            if plan.spills_hashes() {
+                let hashes = hash_column(&batch)?.clone();
+                let mut columns = batch.columns().to_vec();
+                columns.pop();
+                let batch = RecordBatch::try_new(Arc::clone(&plan.build_schema), columns)?;
+                (batch, hashes)
+            } else {
+                (batch, ScalarBuffer::from(Vec::new()))
             }
-            (batch, hashes)
         }
+        _ => match buffer.fragments.len() {
+            0 => (
+                RecordBatch::new_empty(Arc::clone(&plan.build_schema)),
+                ScalarBuffer::from(Vec::new()),
+            ),
+            1 => buffer
+                .fragments
+                .into_iter()
+                .next()
+                .map(|(batch, hashes)| (batch, ScalarBuffer::from(hashes)))
+                .unwrap_or_else(|| {
+                    (
+                        RecordBatch::new_empty(Arc::clone(&plan.build_schema)),
+                        ScalarBuffer::from(Vec::new()),
+                    )
+                }),
+            _ => {
+                let batch =
+                    concat_batches(&plan.build_schema, buffer.fragments.iter().map(|(b, _)| b))?;
+                let mut hashes = Vec::with_capacity(buffer.rows);
+                for (_, h) in &buffer.fragments {
+                    hashes.extend_from_slice(h);
+                }
+                (batch, ScalarBuffer::from(hashes))
+            }
+        },
     };
     let key_columns = plan
         .keys
@@ -932,14 +1083,14 @@ pub(crate) fn finish_partition(
         // Word-key fragments keep no hashes: hash the keys again, once.
         let mut again = Vec::new();
         crate::hash::hash_keys(&key_columns, batch.num_rows(), &mut again)?;
-        again
+        ScalarBuffer::from(again)
     };
     let keys = plan.keys.keys_of(key_columns)?;
     let table = ChainedTable::build(&hashes, |_| true);
     // Word keys are compared directly, never by their hash (`KeyEq::CHECK_HASH_FIRST`):
     // their hashes are not kept past the table (a third of a partition's overhead).
     let hashes = if plan.keys.is_word_key() {
-        Vec::new()
+        ScalarBuffer::from(Vec::new())
     } else {
         hashes
     };
@@ -953,8 +1104,7 @@ pub(crate) fn finish_partition(
     } else {
         0
     };
-    let actual = batch_bytes(&batch)
-        + hashes.capacity() * 8
+    let actual = gathered_bytes.unwrap_or_else(|| batch_bytes(&batch) + hashes.len() * 8)
         + keys.repr.size()
         + table.size()
         + normalized_copy;

@@ -1,4 +1,4 @@
-//! Rows of fixed-width columns gathered straight into the batch they are written in.
+//! Rows of fixed-width columns gathered straight into the batch they end in.
 //!
 //! Rows bound for a spill file arrive a few at a time (a probe batch's rows of one
 //! partition: a hundred or so when a build has a hundred spilled partitions) and are
@@ -6,6 +6,13 @@
 //! concatenating them before the write copies every value twice and allocates a few
 //! buffers per arrival; when every column has a fixed width, [`FixedRows`] copies each
 //! value once, into buffers that grow until the batch is written.
+//!
+//! The build side gathers each partition's rows the same way, into buffers that become
+//! the partition's batch when the input ends: every build value is copied once, from
+//! the input batch to where the probe reads it (no fragments, and no concatenation of
+//! them). Those buffers grow large, so past [`MAP_MIN_BYTES`] a buffer lives in an
+//! anonymous memory map that grows with `mremap`: its pages move, they are neither
+//! copied nor faulted in again.
 //!
 //! ```text
 //!  probe batch ─ rows [3, 17, 40] ─► FixedRows: one values buffer (+ validity) per column
@@ -16,7 +23,7 @@
 use std::sync::Arc;
 
 use arrow_array::{make_array, ArrayRef, RecordBatch};
-use arrow_buffer::{BooleanBufferBuilder, MutableBuffer, NullBuffer};
+use arrow_buffer::{BooleanBufferBuilder, Buffer, MutableBuffer, NullBuffer};
 use arrow_data::ArrayData;
 use arrow_schema::{DataType, SchemaRef};
 
@@ -36,14 +43,125 @@ pub(crate) fn fixed_widths(schema: &SchemaRef) -> Option<Vec<usize>> {
         .collect()
 }
 
-/// Appends the `W`-byte values at `rows` of `source` (rows are checked to be in it).
+/// Writes the `W`-byte values at `rows` of `source` into `out` (`rows.len() * W`
+/// bytes; rows are checked to be in `source`).
 #[inline]
-fn gather_fixed<const W: usize>(out: &mut MutableBuffer, source: &[u8], rows: &[u32]) {
-    for &r in rows {
+fn gather_fixed<const W: usize>(out: &mut [u8], source: &[u8], rows: &[u32]) {
+    for (to, &r) in out.chunks_exact_mut(W).zip(rows) {
         let at = r as usize * W;
         if let Some(value) = source.get(at..at + W) {
-            out.extend_from_slice(value);
+            to.copy_from_slice(value);
         }
+    }
+}
+
+/// The smallest values buffer kept in an anonymous memory map rather than on the
+/// heap (Linux): below it, a buffer that doubles copies little.
+pub(crate) const MAP_MIN_BYTES: usize = 4 << 20;
+
+/// What a mapped buffer may hold in memory is counted in whole transparent huge
+/// pages: the kernel may back any aligned 2 MiB of the map with one.
+const HUGE_PAGE_BYTES: usize = 2 << 20;
+
+/// A column's values: on the heap while small, then in an anonymous memory map.
+#[derive(Debug)]
+enum Values {
+    Heap(MutableBuffer),
+    #[cfg(target_os = "linux")]
+    Mapped {
+        map: memmap2::MmapMut,
+        len: usize,
+    },
+}
+
+impl Values {
+    fn len(&self) -> usize {
+        match self {
+            Values::Heap(buffer) => buffer.len(),
+            #[cfg(target_os = "linux")]
+            Values::Mapped { len, .. } => *len,
+        }
+    }
+
+    /// The bytes this buffer may hold in memory once `more` bytes are added.
+    fn resident_after(&self, more: usize) -> usize {
+        let need = self.len() + more;
+        match self {
+            Values::Heap(buffer) if need <= buffer.capacity() => buffer.capacity(),
+            #[cfg(target_os = "linux")]
+            Values::Heap(_) if need > MAP_MIN_BYTES => need.next_multiple_of(HUGE_PAGE_BYTES),
+            // MutableBuffer rounds to 64 bytes and at least doubles.
+            Values::Heap(buffer) => need.max(buffer.capacity() * 2).next_multiple_of(64),
+            #[cfg(target_os = "linux")]
+            Values::Mapped { .. } => need.next_multiple_of(HUGE_PAGE_BYTES),
+        }
+    }
+
+    /// The next `n` bytes, counted in the length: the caller writes every one.
+    ///
+    /// # Errors
+    /// [`JoinError::Io`] if the memory map cannot be made or grown.
+    fn extend(&mut self, n: usize) -> Result<&mut [u8]> {
+        let start = self.len();
+        let need = start + n;
+        #[cfg(target_os = "linux")]
+        if let Values::Heap(buffer) = self {
+            if need > MAP_MIN_BYTES {
+                let mut map = memmap2::MmapOptions::new()
+                    .len(need.next_multiple_of(HUGE_PAGE_BYTES))
+                    .map_anon()
+                    .map_err(map_error)?;
+                map[..start].copy_from_slice(buffer.as_slice());
+                *self = Values::Mapped { map, len: start };
+            }
+        }
+        match self {
+            Values::Heap(buffer) => {
+                buffer.extend_zeros(n);
+                Ok(&mut buffer.as_slice_mut()[start..need])
+            }
+            #[cfg(target_os = "linux")]
+            Values::Mapped { map, len } => {
+                if need > map.len() {
+                    let capacity = need
+                        .max(map.len() / 2 * 3)
+                        .next_multiple_of(HUGE_PAGE_BYTES);
+                    // SAFETY: the map is anonymous (nothing beyond a file's end to
+                    // touch) and borrowed mutably here, so nothing points into it
+                    // while it moves.
+                    unsafe { map.remap(capacity, memmap2::RemapOptions::new().may_move(true)) }
+                        .map_err(map_error)?;
+                }
+                *len = need;
+                Ok(&mut map[start..need])
+            }
+        }
+    }
+
+    /// The values as an arrow buffer, without copying them.
+    fn into_buffer(self) -> Buffer {
+        match self {
+            Values::Heap(buffer) => buffer.into(),
+            #[cfg(target_os = "linux")]
+            Values::Mapped { map, len } => {
+                match std::ptr::NonNull::new(map.as_ptr().cast_mut()) {
+                    // SAFETY: the map holds at least `len` initialized bytes (every
+                    // byte `extend` counted was written), and the `Arc` that owns it
+                    // keeps it mapped, unmoved and unwritten, for as long as the
+                    // buffer lives.
+                    Some(ptr) => unsafe { Buffer::from_custom_allocation(ptr, len, Arc::new(map)) },
+                    None => Buffer::from(MutableBuffer::new(0)),
+                }
+            }
+        }
+    }
+}
+
+#[cfg(target_os = "linux")]
+fn map_error(source: std::io::Error) -> JoinError {
+    JoinError::Io {
+        path: "anonymous memory map".into(),
+        source,
     }
 }
 
@@ -51,8 +169,10 @@ fn gather_fixed<const W: usize>(out: &mut MutableBuffer, source: &[u8], rows: &[
 #[derive(Debug)]
 struct Column {
     width: usize,
-    values: MutableBuffer,
+    values: Values,
     validity: Option<BooleanBufferBuilder>,
+    /// Whether the column may get a validity buffer (its field is nullable).
+    nullable: bool,
 }
 
 /// Rows of a schema whose columns all have a fixed width, gathered from many batches.
@@ -67,16 +187,19 @@ impl FixedRows {
     /// No rows yet of `schema`, whose columns have the byte `widths`
     /// ([`fixed_widths`]).
     pub fn new(schema: SchemaRef, widths: &[usize]) -> Self {
+        let columns = widths
+            .iter()
+            .zip(schema.fields())
+            .map(|(&width, field)| Column {
+                width,
+                values: Values::Heap(MutableBuffer::new(0)),
+                validity: None,
+                nullable: field.is_nullable(),
+            })
+            .collect();
         Self {
             schema,
-            columns: widths
-                .iter()
-                .map(|&width| Column {
-                    width,
-                    values: MutableBuffer::new(0),
-                    validity: None,
-                })
-                .collect(),
+            columns,
             len: 0,
         }
     }
@@ -86,21 +209,22 @@ impl FixedRows {
         self.len
     }
 
-    /// The bytes the buffers will hold once `more` rows are added: their capacity
-    /// then, given that a buffer that grows doubles.
+    /// The bytes the buffers may hold in memory once `more` rows are added: their
+    /// capacity then, given that a heap buffer that grows doubles, and a mapped one
+    /// in whole huge pages (and a nullable column's validity bits, which appear with
+    /// its first null).
     pub fn capacity_after(&self, more: usize) -> usize {
         let rows = self.len + more;
         self.columns
             .iter()
             .map(|c| {
-                let need = rows * c.width;
-                let values = if need <= c.values.capacity() {
-                    c.values.capacity()
-                } else {
-                    // MutableBuffer rounds to 64 bytes and at least doubles.
-                    need.max(c.values.capacity() * 2).next_multiple_of(64)
-                };
-                values + c.validity.as_ref().map_or(0, |_| rows.div_ceil(8) * 2 + 64)
+                c.values.resident_after(more * c.width)
+                    // A validity buffer, if the column has one or may get one.
+                    + if c.validity.is_some() || c.nullable {
+                        rows.div_ceil(8) * 2 + 64
+                    } else {
+                        0
+                    }
             })
             .sum()
     }
@@ -134,9 +258,9 @@ impl FixedRows {
             ));
         }
         if let (Some(hashes), Some(column)) = (hashes, self.columns.last_mut()) {
-            column.values.reserve(rows.len() * 8);
-            for &r in rows {
-                column.values.push(hashes[r as usize]);
+            let out = column.values.extend(rows.len() * 8)?;
+            for (to, &r) in out.chunks_exact_mut(8).zip(rows) {
+                to.copy_from_slice(&hashes[r as usize].to_le_bytes());
             }
             if let Some(validity) = column.validity.as_mut() {
                 validity.append_n(rows.len(), true);
@@ -155,21 +279,21 @@ impl FixedRows {
                 .ok_or_else(|| {
                     JoinError::InvalidJoin("internal: a column shorter than its length".into())
                 })?;
-            column.values.reserve(rows.len() * width);
+            let out = column.values.extend(rows.len() * width)?;
             // Fixed-size copies for the common widths: a copy of a length known only
             // at run time is a call to memmove per value.
             match width {
-                1 => gather_fixed::<1>(&mut column.values, source, rows),
-                2 => gather_fixed::<2>(&mut column.values, source, rows),
-                4 => gather_fixed::<4>(&mut column.values, source, rows),
-                8 => gather_fixed::<8>(&mut column.values, source, rows),
-                16 => gather_fixed::<16>(&mut column.values, source, rows),
-                32 => gather_fixed::<32>(&mut column.values, source, rows),
+                1 => gather_fixed::<1>(out, source, rows),
+                2 => gather_fixed::<2>(out, source, rows),
+                4 => gather_fixed::<4>(out, source, rows),
+                8 => gather_fixed::<8>(out, source, rows),
+                16 => gather_fixed::<16>(out, source, rows),
+                32 => gather_fixed::<32>(out, source, rows),
                 _ => {
-                    for &r in rows {
+                    for (to, &r) in out.chunks_exact_mut(width).zip(rows) {
                         let at = r as usize * width;
                         if let Some(value) = source.get(at..at + width) {
-                            column.values.extend_from_slice(value);
+                            to.copy_from_slice(value);
                         }
                     }
                 }
@@ -204,14 +328,15 @@ impl FixedRows {
             .iter_mut()
             .zip(self.schema.fields())
             .map(|(column, field)| -> Result<ArrayRef> {
-                let values = std::mem::replace(&mut column.values, MutableBuffer::new(0));
+                let values =
+                    std::mem::replace(&mut column.values, Values::Heap(MutableBuffer::new(0)));
                 let nulls = column
                     .validity
                     .take()
                     .map(|mut v| NullBuffer::new(v.finish()));
                 let data = ArrayData::builder(field.data_type().clone())
                     .len(len)
-                    .add_buffer(values.into())
+                    .add_buffer(values.into_buffer())
                     .nulls(nulls)
                     .build()?;
                 Ok(make_array(data))
@@ -224,7 +349,7 @@ impl FixedRows {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use arrow_array::{Decimal128Array, Int32Array, Int64Array, UInt64Array};
+    use arrow_array::{Array, Decimal128Array, Int32Array, Int64Array, UInt64Array};
     use arrow_schema::{ArrowError, Field, Schema};
     use arrow_select::take::take;
 
@@ -294,6 +419,57 @@ mod tests {
             .downcast_ref::<UInt64Array>()
             .ok_or("not a UInt64 column")?;
         assert_eq!(h.values().to_vec(), vec![4000, 2000]);
+        Ok(())
+    }
+
+    #[test]
+    fn large_buffers_move_to_a_map_and_keep_every_value() -> TestResult {
+        // 600Ki rows of 16 + 8 bytes: past MAP_MIN_BYTES, then grown several times.
+        let schema: SchemaRef = Arc::new(Schema::new(vec![
+            Field::new("d", DataType::Decimal128(20, 0), false),
+            Field::new("a", DataType::Int64, true),
+        ]));
+        let mut rows = FixedRows::new(Arc::clone(&schema), &[16, 8]);
+        let mut want_d = Vec::new();
+        let mut want_a = Vec::new();
+        let mut held = 0;
+        for chunk in 0..150i64 {
+            let base = chunk * 8192;
+            let d = Decimal128Array::from_iter_values((base..base + 8192).map(i128::from))
+                .with_precision_and_scale(20, 0)?;
+            let a: Int64Array = (base..base + 8192)
+                .map(|v| (v % 7 != 0).then_some(-v))
+                .collect();
+            // Every other row, backwards.
+            let picked: Vec<u32> = (0..8192u32).rev().step_by(2).collect();
+            let before = rows.capacity_after(picked.len());
+            rows.append(&[d.to_data(), a.to_data()], &picked, None)?;
+            assert!(rows.capacity_after(0) <= before, "grew past what it said");
+            held = held.max(rows.capacity_after(0));
+            for &r in &picked {
+                want_d.push(d.value(r as usize));
+                want_a.push(a.is_valid(r as usize).then(|| a.value(r as usize)));
+            }
+        }
+        let values = rows.len() * 24;
+        assert!(values > 2 * MAP_MIN_BYTES);
+        assert!(held >= values && held < values + 3 * HUGE_PAGE_BYTES + 4096);
+        let got = rows.finish()?;
+        let d = got
+            .column(0)
+            .as_any()
+            .downcast_ref::<Decimal128Array>()
+            .ok_or("not decimal")?;
+        let a = got
+            .column(1)
+            .as_any()
+            .downcast_ref::<Int64Array>()
+            .ok_or("not int64")?;
+        assert_eq!(d.values().to_vec(), want_d);
+        assert_eq!(a.iter().collect::<Vec<_>>(), want_a);
+        // The batch outlives the gatherer, which starts over empty.
+        drop(rows);
+        assert_eq!(got.num_rows(), want_a.len());
         Ok(())
     }
 

@@ -11,7 +11,8 @@
 //! the same and is returned as before. The library leaves allocation to its users.
 //!
 //! glibc keeps freed small blocks (a build's per-batch partition fragments, thousands
-//! of a few KiB each, freed when partitions are concatenated or spilled) in its heap,
+//! of a few KiB each, freed when partitions are concatenated or spilled; builds of
+//! fixed-width columns gather in place and make none) in its heap,
 //! where they count in the process's RSS although the join has released them. At each
 //! phase change ([`ReleaseOnPhaseChange`]) `malloc_trim` returns such free pages, so
 //! RSS follows what the join's memory pool holds.

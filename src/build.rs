@@ -1077,16 +1077,38 @@ pub(crate) fn finish_partition(
         .iter()
         .map(|&i| crate::keys::normalize(batch.column(i)))
         .collect::<Result<Vec<_>>>()?;
-    let hashes = if hashes.len() == batch.num_rows() {
-        hashes
-    } else {
-        // Word-key fragments keep no hashes: hash the keys again, once.
-        let mut again = Vec::new();
-        crate::hash::hash_keys(&key_columns, batch.num_rows(), &mut again)?;
-        ScalarBuffer::from(again)
+    let keys = plan.keys.keys_of(key_columns.clone())?;
+    // Dense one-word keys without nulls index the table by key: no hashes needed.
+    // Held beyond `ChainedTable::size_for`, reserved first, or the table is hashed.
+    let mut direct_extra = 0;
+    let direct = match &keys.repr {
+        KeyRepr::Words {
+            words, valid: None, ..
+        } => ChainedTable::direct_span(words).and_then(|(min, span)| {
+            let extra = ChainedTable::direct_size_for(span, words.len())
+                .saturating_sub(ChainedTable::size_for(words.len()));
+            if extra > 0 && lock(reservation).try_grow(extra).is_err() {
+                return None;
+            }
+            direct_extra = extra;
+            Some(ChainedTable::build_direct(words, min, span))
+        }),
+        _ => None,
     };
-    let keys = plan.keys.keys_of(key_columns)?;
-    let table = ChainedTable::build(&hashes, |_| true);
+    let (table, hashes) = match direct {
+        Some(table) => (table, hashes),
+        None => {
+            let hashes = if hashes.len() == batch.num_rows() {
+                hashes
+            } else {
+                // Word-key fragments keep no hashes: hash the keys again, once.
+                let mut again = Vec::new();
+                crate::hash::hash_keys(&key_columns, batch.num_rows(), &mut again)?;
+                ScalarBuffer::from(again)
+            };
+            (ChainedTable::build(&hashes, |_| true), hashes)
+        }
+    };
     // Word keys are compared directly, never by their hash (`KeyEq::CHECK_HASH_FIRST`):
     // their hashes are not kept past the table (a third of a partition's overhead).
     let hashes = if plan.keys.is_word_key() {
@@ -1111,7 +1133,7 @@ pub(crate) fn finish_partition(
     {
         let mut res = lock(reservation);
         let size = res.size();
-        res.shrink(held.min(size));
+        res.shrink((held + direct_extra).min(size));
         res.grow(actual);
     }
     Ok(BuiltPartition {

@@ -369,6 +369,19 @@ pub(crate) trait KeyEq {
     /// Word keys compare directly, which keeps one array out of the chain walk.
     const CHECK_HASH_FIRST: bool;
 
+    /// Whether every row of a chain of a key-indexed table
+    /// ([`ChainedTable::build_direct`](crate::table::ChainedTable::build_direct)) has
+    /// the probe row's key, so that keys need not be compared: true for words whose
+    /// nulls never reach the table or the lookup.
+    const EXACT_IN_DIRECT: bool = false;
+
+    /// Probe row `p`'s key word, for key-indexed tables (`None` for keys that are not
+    /// one word).
+    #[inline(always)]
+    fn probe_word(&self, _p: usize) -> Option<u64> {
+        None
+    }
+
     /// Hints that build row `b`'s key will be compared soon.
     #[inline(always)]
     fn prefetch_build(&self, _b: usize) {}
@@ -386,6 +399,12 @@ pub(crate) struct WordEq<'a> {
 
 impl KeyEq for WordEq<'_> {
     const CHECK_HASH_FIRST: bool = false;
+    const EXACT_IN_DIRECT: bool = true;
+
+    #[inline(always)]
+    fn probe_word(&self, p: usize) -> Option<u64> {
+        self.probe.get(p).copied()
+    }
 
     #[inline(always)]
     fn prefetch_build(&self, b: usize) {
@@ -410,6 +429,11 @@ pub(crate) struct NullableWordEq<'a> {
 
 impl KeyEq for NullableWordEq<'_> {
     const CHECK_HASH_FIRST: bool = false;
+
+    #[inline(always)]
+    fn probe_word(&self, p: usize) -> Option<u64> {
+        self.probe.get(p).copied()
+    }
 
     #[inline(always)]
     fn key_eq(&self, p: usize, b: usize) -> bool {

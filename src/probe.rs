@@ -654,16 +654,36 @@ impl<'a> Prober<'a> {
         let rows = std::mem::take(&mut self.grouped.rows);
         let range = self.grouped.offsets[p]..self.grouped.offsets[p + 1];
         let mut firsts = std::mem::take(&mut self.firsts);
-        part.table.first_entries(
-            rows[range.clone()].iter().map(|&r| self.hashes[r as usize]),
-            &mut firsts,
-        );
+        // A key-indexed table (dense keys) is looked up by the key itself, and its
+        // chains hold only that key: no key is compared where keys are plain words.
+        let direct = part.table.is_direct();
+        let skip_eq = direct && E::EXACT_IN_DIRECT;
+        if direct {
+            firsts.clear();
+            for &r in &rows[range.clone()] {
+                let Some(word) = eq.probe_word(r as usize) else {
+                    self.grouped.rows = rows;
+                    self.firsts = firsts;
+                    return Err(JoinError::InvalidJoin(
+                        "internal: a key-indexed table for keys that are not words".into(),
+                    ));
+                };
+                firsts.push(part.table.first_direct(word));
+            }
+        } else {
+            part.table.first_entries(
+                rows[range.clone()].iter().map(|&r| self.hashes[r as usize]),
+                &mut firsts,
+            );
+        }
         // The first candidates' links and keys start loading now, so the walks
         // below find them in cache (the lookups above already overlapped).
         for &first in &firsts {
-            if first != 0 {
-                part.table.prefetch_link(first as usize - 1);
-                eq.prefetch_build(first as usize - 1);
+            part.table.prefetch_link(first);
+            if !skip_eq {
+                if let Some(b) = part.table.first_row(first) {
+                    eq.prefetch_build(b);
+                }
             }
         }
         let result = (|| {
@@ -679,7 +699,7 @@ impl<'a> Prober<'a> {
                         &part.hashes,
                         E::CHECK_HASH_FIRST,
                         |b| {
-                            if !eq.key_eq(r, b) {
+                            if !(skip_eq || eq.key_eq(r, b)) {
                                 return ControlFlow::Continue(());
                             }
                             if stop_at_first {
@@ -709,7 +729,7 @@ impl<'a> Prober<'a> {
                     &part.hashes,
                     E::CHECK_HASH_FIRST,
                     |b| {
-                        if eq.key_eq(r, b) {
+                        if skip_eq || eq.key_eq(r, b) {
                             self.pair_probe.push(r as u32);
                             self.pair_build.push(b as u32);
                             full = self.pair_probe.len() >= batch_size;

@@ -12,6 +12,13 @@
 //! A lookup walks the chain of its bucket, comparing the stored 64-bit hash first and
 //! the key only when the hashes are equal. Two flat `u32` arrays make the table's size
 //! a formula, known before anything is allocated: [`ChainedTable::size_for`].
+//!
+//! **Dense keys.** When a one-word key's values span no more than the buckets a table
+//! of that many rows would have (customer keys 1..1.5M, say), the buckets are indexed
+//! by the key itself, `key - min` ([`ChainedTable::build_direct`]): no two keys share
+//! a chain, so a lookup compares no key, and a bucket whose chain holds one row says
+//! so (its top bit clear), so the walk reads no link either. Same arrays, no more
+//! memory.
 
 /// Buckets per build row, rounded up to a power of two: a load factor of at most 0.5
 /// keeps chains short for unique keys (measured in `benches/kernels.rs`, "probe").
@@ -26,7 +33,13 @@ pub struct ChainedTable {
     mask: u64,
     buckets: Vec<u32>,
     next: Vec<u32>,
+    /// For a key-indexed table, the smallest key: bucket `key - min` holds the chain
+    /// of `key`, with [`MORE`] set when it has more than one row.
+    direct_min: Option<u64>,
 }
+
+/// In a key-indexed table's bucket: the chain has more rows than its first.
+const MORE: u32 = 1 << 31;
 
 impl ChainedTable {
     /// The bytes a table over `num_rows` rows holds.
@@ -62,6 +75,69 @@ impl ChainedTable {
             mask,
             buckets,
             next,
+            direct_min: None,
+        }
+    }
+
+    /// The smallest key and the span (`max - min`) of one-word keys, if a table
+    /// indexed by key suits them: the span is under twice the buckets a hashed table of
+    /// as many rows would have (in a partition of a hash-partitioned build the keys
+    /// of a dense column span the fan-out times its rows). The table then holds
+    /// [`direct_size_for`](Self::direct_size_for) bytes.
+    pub fn direct_span(words: &[u64]) -> Option<(u64, u64)> {
+        let (min, max) = words
+            .iter()
+            .fold(None, |acc: Option<(u64, u64)>, &w| match acc {
+                None => Some((w, w)),
+                Some((lo, hi)) => Some((lo.min(w), hi.max(w))),
+            })?;
+        let span = max - min;
+        (span < 2 * Self::bucket_count(words.len()) as u64 && words.len() < MORE as usize)
+            .then_some((min, span))
+    }
+
+    /// The bytes a key-indexed table of `rows` rows whose keys span `span` holds.
+    pub fn direct_size_for(span: u64, rows: usize) -> usize {
+        (span as usize + 1 + rows) * std::mem::size_of::<u32>()
+    }
+
+    /// A table indexed by key (bucket `key - min`) over one-word keys whose
+    /// [`direct_span`](Self::direct_span) is `(min, span)`. Every row is inserted: rows
+    /// whose key can never match must not be in `words`.
+    ///
+    /// # Panics
+    /// If a word lies outside `min..=min + span` (a caller's bug).
+    pub fn build_direct(words: &[u64], min: u64, span: u64) -> Self {
+        let mut buckets = vec![0u32; span as usize + 1];
+        let mut next = vec![0u32; words.len()];
+        for (row, &word) in words.iter().enumerate() {
+            let bucket = &mut buckets[(word - min) as usize];
+            let previous = *bucket & !MORE;
+            next[row] = previous;
+            *bucket = (row as u32 + 1) | if previous != 0 { MORE } else { 0 };
+        }
+        Self {
+            mask: 0,
+            buckets,
+            next,
+            direct_min: Some(min),
+        }
+    }
+
+    /// Whether the table is indexed by key ([`build_direct`](Self::build_direct)):
+    /// look up with [`first_direct`](Self::first_direct).
+    #[inline(always)]
+    pub fn is_direct(&self) -> bool {
+        self.direct_min.is_some()
+    }
+
+    /// In a key-indexed table, the first entry of `word`'s chain (0 when none).
+    #[inline(always)]
+    pub fn first_direct(&self, word: u64) -> u32 {
+        let offset = word.wrapping_sub(self.direct_min.unwrap_or(0));
+        match usize::try_from(offset) {
+            Ok(i) => self.buckets.get(i).copied().unwrap_or(0),
+            Err(_) => 0,
         }
     }
 
@@ -70,7 +146,8 @@ impl ChainedTable {
         (self.buckets.capacity() + self.next.capacity()) * std::mem::size_of::<u32>()
     }
 
-    /// The first row of the chain for `hash` (1-based; 0 when empty).
+    /// The first row of the chain for `hash` (1-based; 0 when empty). Not for
+    /// key-indexed tables.
     #[inline(always)]
     pub fn first(&self, hash: u64) -> u32 {
         self.buckets[(hash & self.mask) as usize]
@@ -103,18 +180,39 @@ impl ChainedTable {
         out.extend(hashes.map(|h| self.first(h)));
     }
 
-    /// Asks the processor to start loading row `row`'s chain link, which a walk from
-    /// `row + 1` will read (a hint: it never faults and changes nothing).
+    /// Asks the processor to start loading the chain link that a walk from `first`
+    /// (an entry of [`first_entries`](Self::first_entries) or
+    /// [`first_direct`](Self::first_direct)) will read, if it reads one (a hint: it
+    /// never faults and changes nothing).
     #[inline(always)]
-    pub fn prefetch_link(&self, row: usize) {
-        if let Some(link) = self.next.get(row) {
+    pub fn prefetch_link(&self, first: u32) {
+        let entry = if self.is_direct() {
+            if first & MORE == 0 {
+                return;
+            }
+            first & !MORE
+        } else {
+            first
+        };
+        if let Some(link) = (entry as usize)
+            .checked_sub(1)
+            .and_then(|r| self.next.get(r))
+        {
             prefetch(link);
         }
     }
 
+    /// The row a chain's first entry names (0-based), if any.
+    #[inline(always)]
+    pub fn first_row(&self, first: u32) -> Option<usize> {
+        ((first & if self.is_direct() { !MORE } else { u32::MAX }) as usize).checked_sub(1)
+    }
+
     /// Like [`for_each_candidate`](Self::for_each_candidate), from a first entry
     /// already looked up. With `check_hash` false every row of the chain is a
-    /// candidate (the caller compares keys, which implies equal hashes).
+    /// candidate (the caller compares keys, which implies equal hashes). In a
+    /// key-indexed table every row of the chain has the key looked up, and `hash` is
+    /// not used.
     #[inline(always)]
     pub fn for_each_candidate_from(
         &self,
@@ -124,6 +222,23 @@ impl ChainedTable {
         check_hash: bool,
         mut f: impl FnMut(usize) -> std::ops::ControlFlow<()>,
     ) {
+        if self.is_direct() {
+            if first & MORE == 0 {
+                if first != 0 {
+                    let _ = f(first as usize - 1);
+                }
+                return;
+            }
+            let mut entry = first & !MORE;
+            while entry != 0 {
+                let row = entry as usize - 1;
+                if f(row).is_break() {
+                    return;
+                }
+                entry = self.next(row);
+            }
+            return;
+        }
         let mut entry = first;
         while entry != 0 {
             let row = entry as usize - 1;
@@ -174,5 +289,43 @@ mod tests {
         assert_eq!(first.len(), 1);
         table.for_each_candidate(42, &hashes, |_| panic!("no such hash"));
         assert_eq!(table.size(), ChainedTable::size_for(hashes.len()));
+    }
+
+    #[test]
+    fn a_key_indexed_table_finds_every_row_of_a_key_and_nothing_else() {
+        let words = [107u64, 109, 107, 103, 107, 110];
+        let (min, span) = ChainedTable::direct_span(&words).expect("dense");
+        assert_eq!((min, span), (103, 7));
+        let table = ChainedTable::build_direct(&words, min, span);
+        assert!(table.is_direct());
+        assert_eq!(
+            table.size(),
+            ChainedTable::direct_size_for(span, words.len())
+        );
+        let rows_of = |word: u64| {
+            let mut found = vec![];
+            table.for_each_candidate_from(table.first_direct(word), 0, &[], false, |row| {
+                found.push(row);
+                ControlFlow::Continue(())
+            });
+            found.sort();
+            found
+        };
+        assert_eq!(rows_of(107), [0, 2, 4]);
+        assert_eq!(rows_of(109), [1]);
+        assert_eq!(rows_of(110), [5]);
+        for absent in [0, 102, 104, 108, 111, u64::MAX] {
+            assert!(rows_of(absent).is_empty(), "{absent}");
+        }
+        // Stopping at the first row of a longer chain.
+        let mut first = vec![];
+        table.for_each_candidate_from(table.first_direct(107), 0, &[], false, |row| {
+            first.push(row);
+            ControlFlow::Break(())
+        });
+        assert_eq!(first.len(), 1);
+        // Spread-out keys are hashed instead.
+        assert!(ChainedTable::direct_span(&[1, 1 << 40]).is_none());
+        assert!(ChainedTable::direct_span(&[]).is_none());
     }
 }

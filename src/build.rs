@@ -181,6 +181,9 @@ pub(crate) struct BuildCollector<'a> {
     /// The spill schema's column widths when they are all fixed: partitions gather
     /// their rows in place (`PartitionBuffer::gathered`) instead of keeping fragments.
     widths: Option<Vec<usize>>,
+    /// The smallest and largest key word of the partitioned rows (one-word keys), for
+    /// a key index shared by all partitions (`share_key_index`).
+    word_bounds: Mutex<Option<(u64, u64)>>,
 }
 
 impl<'a> BuildCollector<'a> {
@@ -199,6 +202,7 @@ impl<'a> BuildCollector<'a> {
             }),
             spill_schema: ctx.plan.spill_schema(true),
             widths: fixed_widths(&ctx.plan.spill_schema(true)),
+            word_bounds: Mutex::new(None),
             base,
             largest_batch_bytes: AtomicUsize::new(0),
             bounds: Mutex::default(),
@@ -590,6 +594,22 @@ impl<'a> BuildCollector<'a> {
                 .collect::<Result<Vec<_>>>()?;
             lock(&self.bounds).add(bounds)?;
         }
+        if plan.keys.is_word_key() && self.level.bits.fan_out() > 1 {
+            // (A narrower key is widened into a transient of the batch's words.)
+            let (words, _) = crate::keys::words_of(columns[0].as_ref())?;
+            let valid = |row: &usize| nulls.as_ref().is_none_or(|n| n.is_valid(*row));
+            let bounds = (0..n).filter(valid).map(|row| words[row]).fold(
+                None,
+                |acc: Option<(u64, u64)>, w| match acc {
+                    None => Some((w, w)),
+                    Some((lo, hi)) => Some((lo.min(w), hi.max(w))),
+                },
+            );
+            if let Some((lo, hi)) = bounds {
+                let mut all = lock(&self.word_bounds);
+                *all = Some(all.map_or((lo, hi), |(a, b)| (a.min(lo), b.max(hi))));
+            }
+        }
         drop(columns);
         if nulls.is_some() {
             has_null_key.store(true, Ordering::Relaxed);
@@ -804,6 +824,9 @@ impl<'a> BuildCollector<'a> {
                 }
             }
         }
+        // One key index for all partitions, when they all stay in memory and their
+        // keys are dense words: reserved on top of the tables' buckets it replaces.
+        let shared = self.shared_key_index(&planned, has_null_key, &mut tables);
         drop(headroom_reservation);
 
         let state = {
@@ -863,7 +886,13 @@ impl<'a> BuildCollector<'a> {
                     } else {
                         0
                     };
-                    Partition::InMemory(finish_partition(plan, buffer, held, &reservation)?)
+                    Partition::InMemory(finish_partition(
+                        plan,
+                        buffer,
+                        held,
+                        &reservation,
+                        shared.is_none(),
+                    )?)
                 }
             };
             *lock(&built[p]) = Some(partition);
@@ -879,14 +908,67 @@ impl<'a> BuildCollector<'a> {
                     })
             })
             .collect::<Result<Vec<_>>>()?;
+        let mut partitions = partitions;
+        if let Some((min, span)) = shared {
+            share_key_index(&mut partitions, min, span);
+        }
+        let reservation = reservation.into_inner().unwrap_or_else(|p| p.into_inner());
         Ok(BuiltSide {
             partitions,
             unmatchable,
             num_rows,
             has_null_key,
             bounds: std::mem::take(&mut lock(&self.bounds).columns),
-            _reservation: reservation.into_inner().unwrap_or_else(|p| p.into_inner()),
+            _reservation: reservation,
         })
+    }
+
+    /// Whether the partitions get one key index they share (`share_key_index`), and
+    /// its `(min, span)`: when every partition with rows is in memory (`planned`), the
+    /// key is one word whose rows have no nulls, and its values are dense enough for
+    /// all rows together ([`ChainedTable::shared_direct_span`]; in a partition of a
+    /// hash-partitioned build a dense column's keys are sparse, so each partition's
+    /// own table is hashed). What its buckets take beyond the tables' buckets is
+    /// reserved in `tables`; without that memory the tables are built as usual.
+    fn shared_key_index(
+        &self,
+        planned: &[bool],
+        has_null_key: bool,
+        tables: &mut MemoryReservation,
+    ) -> Option<(u64, u64)> {
+        let plan = self.plan();
+        if !plan.keys.is_word_key() || planned.len() < 2 {
+            return None;
+        }
+        if has_null_key && !plan.nulls_never_match() {
+            return None;
+        }
+        let state = lock(&self.state);
+        let mut rows = Vec::with_capacity(planned.len());
+        for (p, part) in state.partitions.iter().enumerate() {
+            if part.total_rows > 0 && !planned[p] {
+                return None;
+            }
+            rows.push(part.rows);
+        }
+        drop(state);
+        let (min, max) = (*lock(&self.word_bounds))?;
+        let span = max - min;
+        let total: usize = rows.iter().sum();
+        if span >= 2 * ChainedTable::bucket_count_for(total) as u64
+            || rows.iter().any(|&r| r >= MAX_DIRECT_ROWS)
+        {
+            return None;
+        }
+        let buckets_now: usize = rows
+            .iter()
+            .map(|&r| ChainedTable::size_for(r) - r * std::mem::size_of::<u32>())
+            .sum();
+        let buckets = (span as usize + 1) * std::mem::size_of::<u32>();
+        tables
+            .try_grow(buckets.saturating_sub(buckets_now))
+            .ok()
+            .map(|()| (min, span))
     }
 
     /// Closes the unmatchable rows' file, or keeps them in memory.
@@ -998,6 +1080,35 @@ fn keys_in_place(plan: &JoinPlan) -> bool {
         && !matches!(key_type, DataType::Float64)
 }
 
+/// The most rows a partition of a shared key index may have (the buckets' top bit
+/// is a flag).
+const MAX_DIRECT_ROWS: usize = 1 << 31;
+
+/// Gives every in-memory partition (built without a table) its table over one key
+/// index they all share: a lookup is then one bucket read (no key compared, no link
+/// read for a unique key). Its memory was reserved with the tables'
+/// (`BuildCollector::shared_key_index`). SF10 orders ⋈ lineitem in memory: the keys
+/// span 60M for 15M rows.
+fn share_key_index(partitions: &mut [Partition], min: u64, span: u64) {
+    let words: Vec<ScalarBuffer<u64>> = partitions
+        .iter()
+        .map(|p| match p {
+            Partition::InMemory(BuiltPartition {
+                keys: KeyRepr::Words { words, .. },
+                ..
+            }) => words.clone(),
+            _ => ScalarBuffer::from(Vec::new()),
+        })
+        .collect();
+    let slices: Vec<&[u64]> = words.iter().map(|w| &w[..]).collect();
+    let tables = ChainedTable::build_shared_direct(&slices, min, span);
+    for (partition, table) in partitions.iter_mut().zip(tables) {
+        if let Partition::InMemory(part) = partition {
+            part.table = table;
+        }
+    }
+}
+
 /// The values of a spill-schema batch's hash column (its last).
 fn hash_column(batch: &RecordBatch) -> Result<&ScalarBuffer<u64>> {
     batch
@@ -1014,11 +1125,16 @@ const MAX_BUILD_PIECE_ROWS: usize = 64 * 1024;
 /// Concatenates a partition's fragments and builds its table. `held` bytes were
 /// reserved for it in `reservation` (its fragments and what [`finish_bytes`] asked
 /// for), which is corrected to what the partition really holds.
+///
+/// Without `index` the partition gets an empty table, and the bytes of the table it
+/// would have had stay reserved: a key index shared by all partitions replaces it
+/// (`share_key_index`).
 pub(crate) fn finish_partition(
     plan: &JoinPlan,
     buffer: PartitionBuffer,
     held: usize,
     reservation: &Mutex<MemoryReservation>,
+    index: bool,
 ) -> Result<BuiltPartition> {
     if buffer.rows > MAX_TABLE_ROWS {
         return Err(JoinError::InvalidJoin(format!(
@@ -1081,7 +1197,9 @@ pub(crate) fn finish_partition(
     // Dense one-word keys without nulls index the table by key: no hashes needed.
     // Held beyond `ChainedTable::size_for`, reserved first, or the table is hashed.
     let mut direct_extra = 0;
+    let rows = batch.num_rows();
     let direct = match &keys.repr {
+        _ if !index => Some(ChainedTable::build(&[], |_| true)),
         KeyRepr::Words {
             words, valid: None, ..
         } => ChainedTable::direct_span(words).and_then(|(min, span)| {
@@ -1126,9 +1244,14 @@ pub(crate) fn finish_partition(
     } else {
         0
     };
+    let table_bytes = if index {
+        table.size()
+    } else {
+        ChainedTable::size_for(rows)
+    };
     let actual = gathered_bytes.unwrap_or_else(|| batch_bytes(&batch) + hashes.len() * 8)
         + keys.repr.size()
-        + table.size()
+        + table_bytes
         + normalized_copy;
     {
         let mut res = lock(reservation);

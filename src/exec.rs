@@ -779,7 +779,7 @@ fn chunked(
         let held = buffer.bytes();
         let chunk_rows = buffer.rows() as u64;
         let reservation = Mutex::new(chunk);
-        let part = finish_partition(plan, buffer, held, &reservation)?;
+        let part = finish_partition(plan, buffer, held, &reservation, true)?;
         let built = BuiltSide {
             partitions: vec![Partition::InMemory(part)],
             unmatchable: Unmatchable::default(),

@@ -313,7 +313,7 @@ pub(crate) fn normalize(column: &ArrayRef) -> Result<ArrayRef> {
 ///
 /// # Errors
 /// [`JoinError::InvalidJoin`] if the column is not of a fixed width (a bug).
-fn words_of(column: &dyn Array) -> Result<(ScalarBuffer<u64>, usize)> {
+pub(crate) fn words_of(column: &dyn Array) -> Result<(ScalarBuffer<u64>, usize)> {
     fn widen<T: ArrowPrimitiveType>(array: &PrimitiveArray<T>) -> ScalarBuffer<u64> {
         array
             .values()
@@ -375,8 +375,12 @@ pub(crate) trait KeyEq {
     /// nulls never reach the table or the lookup.
     const EXACT_IN_DIRECT: bool = false;
 
-    /// Probe row `p`'s key word, for key-indexed tables (`None` for keys that are not
-    /// one word).
+    /// Whether keys are single words, which key-indexed tables need.
+    const WORDS: bool = false;
+
+    /// Probe row `p`'s key word, for key-indexed tables; `None` for a null key (a
+    /// key-indexed table has no null keys, so it matches nothing there: its word is
+    /// not its key) and for keys that are not one word.
     #[inline(always)]
     fn probe_word(&self, _p: usize) -> Option<u64> {
         None
@@ -400,6 +404,7 @@ pub(crate) struct WordEq<'a> {
 impl KeyEq for WordEq<'_> {
     const CHECK_HASH_FIRST: bool = false;
     const EXACT_IN_DIRECT: bool = true;
+    const WORDS: bool = true;
 
     #[inline(always)]
     fn probe_word(&self, p: usize) -> Option<u64> {
@@ -429,9 +434,13 @@ pub(crate) struct NullableWordEq<'a> {
 
 impl KeyEq for NullableWordEq<'_> {
     const CHECK_HASH_FIRST: bool = false;
+    const WORDS: bool = true;
 
     #[inline(always)]
     fn probe_word(&self, p: usize) -> Option<u64> {
+        if self.probe_valid.is_some_and(|v| v.is_null(p)) {
+            return None;
+        }
         self.probe.get(p).copied()
     }
 

@@ -498,7 +498,12 @@ impl PreparedBuild {
                     .is_some_and(|(m, _)| m.may_contain(hash)),
                 // No filter (memory refused it) and no hashes kept (word keys):
                 // maybe.
-                Partition::InMemory(part) if part.hashes.len() != part.batch.num_rows() => true,
+                // (A key-indexed table is looked up by key, not hash: maybe.)
+                Partition::InMemory(part)
+                    if part.table.is_direct() || part.hashes.len() != part.batch.num_rows() =>
+                {
+                    true
+                }
                 Partition::InMemory(part) => {
                     let mut found = false;
                     part.table.for_each_candidate(hash, &part.hashes, |_| {

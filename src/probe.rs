@@ -659,17 +659,18 @@ impl<'a> Prober<'a> {
         let direct = part.table.is_direct();
         let skip_eq = direct && E::EXACT_IN_DIRECT;
         if direct {
-            firsts.clear();
-            for &r in &rows[range.clone()] {
-                let Some(word) = eq.probe_word(r as usize) else {
-                    self.grouped.rows = rows;
-                    self.firsts = firsts;
-                    return Err(JoinError::InvalidJoin(
-                        "internal: a key-indexed table for keys that are not words".into(),
-                    ));
-                };
-                firsts.push(part.table.first_direct(word));
+            if !E::WORDS {
+                self.grouped.rows = rows;
+                self.firsts = firsts;
+                return Err(JoinError::InvalidJoin(
+                    "internal: a key-indexed table for keys that are not words".into(),
+                ));
             }
+            firsts.clear();
+            firsts.extend(rows[range.clone()].iter().map(|&r| {
+                eq.probe_word(r as usize)
+                    .map_or(0, |word| part.table.first_direct(word))
+            }));
         } else {
             part.table.first_entries(
                 rows[range.clone()].iter().map(|&r| self.hashes[r as usize]),

@@ -31,12 +31,16 @@ pub const MAX_TABLE_ROWS: usize = u32::MAX as usize - 1;
 #[derive(Debug)]
 pub struct ChainedTable {
     mask: u64,
-    buckets: Vec<u32>,
+    /// Shared by the partitions of a build when one key index serves them all
+    /// ([`ChainedTable::build_shared_direct`]).
+    buckets: Arc<Vec<u32>>,
     next: Vec<u32>,
     /// For a key-indexed table, the smallest key: bucket `key - min` holds the chain
     /// of `key`, with [`MORE`] set when it has more than one row.
     direct_min: Option<u64>,
 }
+
+use std::sync::Arc;
 
 /// In a key-indexed table's bucket: the chain has more rows than its first.
 const MORE: u32 = 1 << 31;
@@ -45,6 +49,11 @@ impl ChainedTable {
     /// The bytes a table over `num_rows` rows holds.
     pub fn size_for(num_rows: usize) -> usize {
         (Self::bucket_count(num_rows) + num_rows) * std::mem::size_of::<u32>()
+    }
+
+    /// The buckets of a hashed table over `num_rows` rows.
+    pub fn bucket_count_for(num_rows: usize) -> usize {
+        Self::bucket_count(num_rows)
     }
 
     fn bucket_count(num_rows: usize) -> usize {
@@ -73,7 +82,7 @@ impl ChainedTable {
         }
         Self {
             mask,
-            buckets,
+            buckets: Arc::new(buckets),
             next,
             direct_min: None,
         }
@@ -118,10 +127,68 @@ impl ChainedTable {
         }
         Self {
             mask: 0,
-            buckets,
+            buckets: Arc::new(buckets),
             next,
             direct_min: Some(min),
         }
+    }
+
+    /// The smallest key and the span of the keys of several partitions (`words` each),
+    /// if one key index over all of them suits them (as
+    /// [`direct_span`](Self::direct_span), for their rows together).
+    pub fn shared_direct_span(words: &[&[u64]]) -> Option<(u64, u64)> {
+        let rows: usize = words.iter().map(|w| w.len()).sum();
+        let (min, max) = words.iter().flat_map(|w| w.iter()).fold(
+            None,
+            |acc: Option<(u64, u64)>, &w| match acc {
+                None => Some((w, w)),
+                Some((lo, hi)) => Some((lo.min(w), hi.max(w))),
+            },
+        )?;
+        let span = max - min;
+        (span < 2 * Self::bucket_count(rows) as u64
+            && words.iter().all(|w| w.len() < MORE as usize))
+        .then_some((min, span))
+    }
+
+    /// One key index over the rows of several partitions, as one table per
+    /// partition: they share the buckets (indexed by `key - min`, holding a row of
+    /// the one partition that has the key: equal keys hash alike, so they are never
+    /// in two partitions) and each has its own links. `(min, span)` is
+    /// [`shared_direct_span`](Self::shared_direct_span) of `words`.
+    ///
+    /// # Panics
+    /// If a word lies outside `min..=min + span` (a caller's bug).
+    pub fn build_shared_direct(words: &[&[u64]], min: u64, span: u64) -> Vec<Self> {
+        let mut buckets = vec![0u32; span as usize + 1];
+        let nexts: Vec<Vec<u32>> = words
+            .iter()
+            .map(|words| {
+                let mut next = vec![0u32; words.len()];
+                for (row, &word) in words.iter().enumerate() {
+                    let bucket = &mut buckets[(word - min) as usize];
+                    let previous = *bucket & !MORE;
+                    next[row] = previous;
+                    *bucket = (row as u32 + 1) | if previous != 0 { MORE } else { 0 };
+                }
+                next
+            })
+            .collect();
+        let buckets = Arc::new(buckets);
+        nexts
+            .into_iter()
+            .map(|next| Self {
+                mask: 0,
+                buckets: Arc::clone(&buckets),
+                next,
+                direct_min: Some(min),
+            })
+            .collect()
+    }
+
+    /// The bytes of this table's buckets (shared ones included).
+    pub fn bucket_bytes(&self) -> usize {
+        self.buckets.capacity() * std::mem::size_of::<u32>()
     }
 
     /// Whether the table is indexed by key ([`build_direct`](Self::build_direct)):
@@ -324,6 +391,27 @@ mod tests {
             ControlFlow::Break(())
         });
         assert_eq!(first.len(), 1);
+        // One index shared by two partitions: each key's rows lie in one of them.
+        let first_part = [5u64, 9, 5];
+        let second_part = [7u64, 6, 7, 7];
+        let (min, span) =
+            ChainedTable::shared_direct_span(&[&first_part, &second_part]).expect("dense");
+        assert_eq!((min, span), (5, 4));
+        let tables = ChainedTable::build_shared_direct(&[&first_part, &second_part], min, span);
+        let rows_in = |table: &ChainedTable, word: u64| {
+            let mut found = vec![];
+            table.for_each_candidate_from(table.first_direct(word), 0, &[], false, |row| {
+                found.push(row);
+                ControlFlow::Continue(())
+            });
+            found.sort();
+            found
+        };
+        assert_eq!(rows_in(&tables[0], 5), [0, 2]);
+        assert_eq!(rows_in(&tables[0], 9), [1]);
+        assert_eq!(rows_in(&tables[1], 7), [0, 2, 3]);
+        assert_eq!(rows_in(&tables[1], 6), [1]);
+        assert!(rows_in(&tables[1], 8).is_empty());
         // Spread-out keys are hashed instead.
         assert!(ChainedTable::direct_span(&[1, 1 << 40]).is_none());
         assert!(ChainedTable::direct_span(&[]).is_none());

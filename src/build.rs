@@ -910,7 +910,7 @@ impl<'a> BuildCollector<'a> {
             .collect::<Result<Vec<_>>>()?;
         let mut partitions = partitions;
         if let Some((min, span)) = shared {
-            share_key_index(&mut partitions, min, span);
+            share_key_index(&mut partitions, min, span, plan.threads);
         }
         let reservation = reservation.into_inner().unwrap_or_else(|p| p.into_inner());
         Ok(BuiltSide {
@@ -1089,7 +1089,7 @@ const MAX_DIRECT_ROWS: usize = 1 << 31;
 /// read for a unique key). Its memory was reserved with the tables'
 /// (`BuildCollector::shared_key_index`). SF10 orders ⋈ lineitem in memory: the keys
 /// span 60M for 15M rows.
-fn share_key_index(partitions: &mut [Partition], min: u64, span: u64) {
+fn share_key_index(partitions: &mut [Partition], min: u64, span: u64, threads: usize) {
     let words: Vec<ScalarBuffer<u64>> = partitions
         .iter()
         .map(|p| match p {
@@ -1101,7 +1101,7 @@ fn share_key_index(partitions: &mut [Partition], min: u64, span: u64) {
         })
         .collect();
     let slices: Vec<&[u64]> = words.iter().map(|w| &w[..]).collect();
-    let tables = ChainedTable::build_shared_direct(&slices, min, span);
+    let tables = ChainedTable::build_shared_direct(&slices, min, span, threads);
     for (partition, table) in partitions.iter_mut().zip(tables) {
         if let Partition::InMemory(part) = partition {
             part.table = table;

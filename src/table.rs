@@ -40,6 +40,7 @@ pub struct ChainedTable {
     direct_min: Option<u64>,
 }
 
+use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 /// In a key-indexed table's bucket: the chain has more rows than its first.
@@ -155,32 +156,42 @@ impl ChainedTable {
     /// partition: they share the buckets (indexed by `key - min`, holding a row of
     /// the one partition that has the key: equal keys hash alike, so they are never
     /// in two partitions) and each has its own links. `(min, span)` is
-    /// [`shared_direct_span`](Self::shared_direct_span) of `words`.
-    ///
-    /// # Panics
-    /// If a word lies outside `min..=min + span` (a caller's bug).
-    pub fn build_shared_direct(words: &[&[u64]], min: u64, span: u64) -> Vec<Self> {
+    /// [`shared_direct_span`](Self::shared_direct_span) of `words`. `threads` link
+    /// partitions at once: no two write the same bucket. Words outside
+    /// `min..=min + span` (a caller's bug) are left out.
+    pub fn build_shared_direct(words: &[&[u64]], min: u64, span: u64, threads: usize) -> Vec<Self> {
         let mut buckets = vec![0u32; span as usize + 1];
-        let nexts: Vec<Vec<u32>> = words
-            .iter()
-            .map(|words| {
-                let mut next = vec![0u32; words.len()];
-                for (row, &word) in words.iter().enumerate() {
-                    let bucket = &mut buckets[(word - min) as usize];
-                    let previous = *bucket & !MORE;
-                    next[row] = previous;
-                    *bucket = (row as u32 + 1) | if previous != 0 { MORE } else { 0 };
+        let nexts: Vec<std::sync::Mutex<Vec<u32>>> =
+            words.iter().map(|_| std::sync::Mutex::default()).collect();
+        {
+            // SAFETY: `AtomicU32` has the size, alignment and bit validity of `u32`,
+            // and `buckets` is borrowed mutably for as long as this view lives, so
+            // every access meanwhile goes through it.
+            let shared: &[AtomicU32] =
+                unsafe { &*(buckets.as_mut_slice() as *mut [u32] as *const [AtomicU32]) };
+            let claimed = AtomicUsize::new(0);
+            std::thread::scope(|scope| {
+                for _ in 0..threads.clamp(1, words.len().max(1)) {
+                    scope.spawn(|| loop {
+                        let p = claimed.fetch_add(1, Ordering::Relaxed);
+                        let Some(words) = words.get(p) else {
+                            return;
+                        };
+                        let next = link_direct(words, min, shared);
+                        if let Ok(mut slot) = nexts[p].lock() {
+                            *slot = next;
+                        }
+                    });
                 }
-                next
-            })
-            .collect();
+            });
+        }
         let buckets = Arc::new(buckets);
         nexts
             .into_iter()
             .map(|next| Self {
                 mask: 0,
                 buckets: Arc::clone(&buckets),
-                next,
+                next: next.into_inner().unwrap_or_else(|e| e.into_inner()),
                 direct_min: Some(min),
             })
             .collect()
@@ -317,6 +328,28 @@ impl ChainedTable {
     }
 }
 
+/// Links one partition's rows into the shared buckets of a key index: the buckets of
+/// its keys are its own (other partitions hold other keys), so relaxed loads and
+/// stores suffice. Returns the partition's links.
+fn link_direct(words: &[u64], min: u64, buckets: &[AtomicU32]) -> Vec<u32> {
+    let mut next = vec![0u32; words.len()];
+    for (row, &word) in words.iter().enumerate() {
+        let Some(bucket) = usize::try_from(word.wrapping_sub(min))
+            .ok()
+            .and_then(|i| buckets.get(i))
+        else {
+            continue;
+        };
+        let previous = bucket.load(Ordering::Relaxed) & !MORE;
+        next[row] = previous;
+        bucket.store(
+            (row as u32 + 1) | if previous != 0 { MORE } else { 0 },
+            Ordering::Relaxed,
+        );
+    }
+    next
+}
+
 /// A prefetch hint for the cache line holding `value`.
 #[inline(always)]
 pub(crate) fn prefetch<T>(value: &T) {
@@ -397,7 +430,7 @@ mod tests {
         let (min, span) =
             ChainedTable::shared_direct_span(&[&first_part, &second_part]).expect("dense");
         assert_eq!((min, span), (5, 4));
-        let tables = ChainedTable::build_shared_direct(&[&first_part, &second_part], min, span);
+        let tables = ChainedTable::build_shared_direct(&[&first_part, &second_part], min, span, 2);
         let rows_in = |table: &ChainedTable, word: u64| {
             let mut found = vec![];
             table.for_each_candidate_from(table.first_direct(word), 0, &[], false, |row| {

@@ -391,6 +391,17 @@ mod tests {
         assert_eq!(table.size(), ChainedTable::size_for(hashes.len()));
     }
 
+    /// The rows of a key-indexed table's chain for `word`, sorted.
+    fn chain_rows(table: &ChainedTable, word: u64) -> Vec<usize> {
+        let mut found = vec![];
+        table.for_each_candidate_from(table.first_direct(word), 0, &[], false, |row| {
+            found.push(row);
+            ControlFlow::Continue(())
+        });
+        found.sort();
+        found
+    }
+
     #[test]
     fn a_key_indexed_table_finds_every_row_of_a_key_and_nothing_else() {
         let words = [107u64, 109, 107, 103, 107, 110];
@@ -402,15 +413,7 @@ mod tests {
             table.size(),
             ChainedTable::direct_size_for(span, words.len())
         );
-        let rows_of = |word: u64| {
-            let mut found = vec![];
-            table.for_each_candidate_from(table.first_direct(word), 0, &[], false, |row| {
-                found.push(row);
-                ControlFlow::Continue(())
-            });
-            found.sort();
-            found
-        };
+        let rows_of = |word: u64| chain_rows(&table, word);
         assert_eq!(rows_of(107), [0, 2, 4]);
         assert_eq!(rows_of(109), [1]);
         assert_eq!(rows_of(110), [5]);
@@ -431,15 +434,7 @@ mod tests {
             ChainedTable::shared_direct_span(&[&first_part, &second_part]).expect("dense");
         assert_eq!((min, span), (5, 4));
         let tables = ChainedTable::build_shared_direct(&[&first_part, &second_part], min, span, 2);
-        let rows_in = |table: &ChainedTable, word: u64| {
-            let mut found = vec![];
-            table.for_each_candidate_from(table.first_direct(word), 0, &[], false, |row| {
-                found.push(row);
-                ControlFlow::Continue(())
-            });
-            found.sort();
-            found
-        };
+        let rows_in = chain_rows;
         assert_eq!(rows_in(&tables[0], 5), [0, 2]);
         assert_eq!(rows_in(&tables[0], 9), [1]);
         assert_eq!(rows_in(&tables[1], 7), [0, 2, 3]);

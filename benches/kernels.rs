@@ -5,6 +5,8 @@
 //!   [`hash_keys`];
 //! - `table build 1M unique`: [`ChainedTable::build`] over the hashes of 1M unique keys
 //!   (its two `u32` arrays are allocated inside the measurement, as in the join);
+//! - `table build 1M dense (key-indexed)`: [`ChainedTable::build_direct`] over 1M
+//!   unique keys 0..1M, shuffled (its bounds found inside the measurement);
 //! - `partition group 1M 16-way`: [`PartitionedRows::group`] with 4 radix bits.
 //!
 //! Whole joins (`HashJoinBuilder` ... `.with_threads(1)`, inputs as `Vec`s of
@@ -13,6 +15,8 @@
 //! the probe side's. Every key universe is shuffled independently per side.
 //! - `build u64 1M (probe empty)`: the build phase alone, to subtract from the others;
 //! - `probe u64 1M unique build 1M`: inner, every probe row matches one build row;
+//! - `probe u64 1M unique build 1M dense keys`: the same with keys 0..1M, so the
+//!   build is indexed by key (one key index shared by the partitions);
 //! - `probe u64 4M dup=4`: build 1M unique keys, probe 4M rows (each key 4 times);
 //! - `probe u64 4M dup=4 threads=2`: the same with two worker threads;
 //! - `probe u64 4M dup=4 threads=2 streams=2`: the same with each input split into two
@@ -122,13 +126,23 @@ fn schema(fields: &[(&str, DataType)]) -> SchemaRef {
 
 /// A `u64` key column and an `i64` payload column (`values[id]`).
 fn u64_input(prefix: &str, ids: &[usize], values: &[i64]) -> (SchemaRef, Vec<RecordBatch>) {
+    keyed_input(prefix, ids, values, key_of)
+}
+
+/// Like [`u64_input`], the key being `key(id)`.
+fn keyed_input(
+    prefix: &str,
+    ids: &[usize],
+    values: &[i64],
+    key: fn(usize) -> u64,
+) -> (SchemaRef, Vec<RecordBatch>) {
     let schema = schema(&[
         (&format!("{prefix}k"), DataType::UInt64),
         (&format!("{prefix}v"), DataType::Int64),
     ]);
     let batches = batches(&schema, ids, |c, chunk| match c {
         0 => Arc::new(UInt64Array::from_iter_values(
-            chunk.iter().map(|&i| key_of(i)),
+            chunk.iter().map(|&i| key(i)),
         )),
         _ => Arc::new(Int64Array::from_iter_values(
             chunk.iter().map(|&i| values[i]),
@@ -259,6 +273,13 @@ fn kernels(c: &mut Criterion) {
     group.bench_function("table build 1M unique", |b| {
         b.iter(|| ChainedTable::build(black_box(&hashes), |_| true))
     });
+    let dense: Vec<u64> = shuffled(M, 1, &mut r).into_iter().map(|i| i as u64).collect();
+    group.bench_function("table build 1M dense (key-indexed)", |b| {
+        b.iter(|| {
+            let (min, span) = ChainedTable::direct_span(black_box(&dense)).expect("dense keys");
+            ChainedTable::build_direct(&dense, min, span)
+        })
+    });
     let mut grouped = PartitionedRows::default();
     group.bench_function("partition group 1M 16-way", |b| {
         b.iter(|| {
@@ -298,6 +319,17 @@ fn joins(c: &mut Criterion) {
         M,
     )
     .bench(&mut group, "probe u64 1M unique build 1M");
+
+    // The same with dense keys (the ids themselves): the build gets a key index.
+    let dense = |i: usize| i as u64;
+    JoinCase::new(
+        keyed_input("p", &probe_1m, &probe_values, dense),
+        keyed_input("b", &build_ids, &build_values, dense),
+        on,
+        inner,
+        M,
+    )
+    .bench(&mut group, "probe u64 1M unique build 1M dense keys");
 
     let probe_4m = shuffled(M, 4, &mut r);
     for (threads, streams) in [(1, 1), (2, 1), (2, 2)] {

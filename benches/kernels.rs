@@ -141,9 +141,7 @@ fn keyed_input(
         (&format!("{prefix}v"), DataType::Int64),
     ]);
     let batches = batches(&schema, ids, |c, chunk| match c {
-        0 => Arc::new(UInt64Array::from_iter_values(
-            chunk.iter().map(|&i| key(i)),
-        )),
+        0 => Arc::new(UInt64Array::from_iter_values(chunk.iter().map(|&i| key(i)))),
         _ => Arc::new(Int64Array::from_iter_values(
             chunk.iter().map(|&i| values[i]),
         )),
@@ -273,7 +271,10 @@ fn kernels(c: &mut Criterion) {
     group.bench_function("table build 1M unique", |b| {
         b.iter(|| ChainedTable::build(black_box(&hashes), |_| true))
     });
-    let dense: Vec<u64> = shuffled(M, 1, &mut r).into_iter().map(|i| i as u64).collect();
+    let dense: Vec<u64> = shuffled(M, 1, &mut r)
+        .into_iter()
+        .map(|i| i as u64)
+        .collect();
     group.bench_function("table build 1M dense (key-indexed)", |b| {
         b.iter(|| {
             let (min, span) = ChainedTable::direct_span(black_box(&dense)).expect("dense keys");

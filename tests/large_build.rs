@@ -15,7 +15,7 @@ use spilljoin::spill::{SpillConfig, SpillManager};
 use spilljoin::{HashJoinBuilder, JoinType};
 
 /// Build rows: key `i` (null every 97th row), `b` = `i % 5`, payload `i * 3` as a
-/// decimal (null every 11th row). 1.2M rows in 2 partitions: ~9.6 MB of keys and
+/// decimal of 18 digits (null every 11th row). 1.2M rows in 2 partitions: ~9.6 MB of keys and
 /// ~19 MB of payload each.
 const BUILD_ROWS: i64 = 1_200_000;
 /// Probe rows: keys `(j * 7919) % (2 * BUILD_ROWS)`, so about half have a partner.
@@ -30,7 +30,8 @@ fn build_input() -> Vec<Result<RecordBatch, ArrowError>> {
             let pay: Decimal128Array = range
                 .map(|i| (i % 11 != 0).then_some(i128::from(i) * 3))
                 .collect::<Decimal128Array>()
-                .with_precision_and_scale(20, 0)?;
+                // 18 digits: spill files narrow it to 8 bytes (spill/src/narrow.rs).
+                .with_precision_and_scale(18, 0)?;
             RecordBatch::try_from_iter(vec![
                 ("rk", Arc::new(key) as ArrayRef),
                 ("rb", Arc::new(b) as ArrayRef),

@@ -114,6 +114,7 @@ mod error;
 mod file;
 mod manager;
 mod message;
+mod narrow;
 mod quota;
 mod reader;
 mod writer;

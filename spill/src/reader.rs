@@ -120,6 +120,8 @@ pub struct SpillReader {
     trusted: bool,
     skip_validation: UnsafeFlag,
     finished: bool,
+    /// The file narrows decimals that `schema` has as `Decimal128` (`narrow`).
+    narrowed: bool,
     /// Keeps our own file from being deleted while it is read.
     _file: Option<SpillFile>,
 }
@@ -204,6 +206,14 @@ impl SpillReader {
             source,
         })?;
         let file_schema = found.clone();
+        // Narrowed decimals read back as decimals (`narrow`).
+        let found =
+            crate::narrow::logical_schema(&found).map_err(|source| SpillError::Corrupt {
+                path: path.to_owned(),
+                batch_index: 0,
+                source,
+            })?;
+        let narrowed = !std::sync::Arc::ptr_eq(&found, &file_schema);
         let schema = match expected_schema {
             Some(expected) if *expected != *found => {
                 return Err(SpillError::SchemaMismatch {
@@ -241,6 +251,7 @@ impl SpillReader {
             trusted,
             skip_validation,
             finished: false,
+            narrowed,
             _file: file,
         })
     }
@@ -293,7 +304,9 @@ impl SpillReader {
                 .with_require_alignment(false)
                 .with_skip_validation(self.skip_validation.clone());
                 let batch = without_panics("record batch", || decoder.read_record_batch())?;
-                if std::sync::Arc::ptr_eq(&self.schema, &self.file_schema) {
+                if self.narrowed {
+                    crate::narrow::widen(&batch, &self.schema).map(Some)
+                } else if std::sync::Arc::ptr_eq(&self.schema, &self.file_schema) {
                     Ok(Some(batch))
                 } else {
                     // Equal schemas (checked at open): only the `Arc` changes.

@@ -122,6 +122,9 @@ pub struct SpillWriter {
     encoder: StreamEncoder,
     sink: CountingWriter,
     schema: SchemaRef,
+    /// The schema written (`schema` with narrow decimals as `Int64`; the same `Arc`
+    /// when nothing narrows).
+    file_schema: SchemaRef,
     path: PathBuf,
     rows: u64,
     batches: u64,
@@ -155,11 +158,15 @@ impl SpillWriter {
         let options = IpcWriteOptions::default()
             .try_with_compression(compression.ipc_compression())
             .map_err(arrow_error)?;
-        let encoder = StreamEncoder::try_new_with_options(&schema, options).map_err(arrow_error)?;
+        // Decimals of at most 18 digits are written as 8-byte integers (`narrow`).
+        let file_schema = crate::narrow::file_schema(&schema);
+        let encoder =
+            StreamEncoder::try_new_with_options(&file_schema, options).map_err(arrow_error)?;
         Ok(Self {
             encoder,
             sink,
             schema,
+            file_schema,
             path,
             rows: 0,
             batches: 0,
@@ -199,6 +206,20 @@ impl SpillWriter {
                 found: found.clone(),
             });
         }
+        let narrowed;
+        let batch = if std::sync::Arc::ptr_eq(&self.file_schema, &self.schema) {
+            batch
+        } else {
+            // Refused (nothing written, the writer stays usable) if a decimal does
+            // not fit in 64 bits.
+            narrowed = crate::narrow::narrow(batch, &self.file_schema).map_err(|source| {
+                SpillError::Arrow {
+                    path: self.path.clone(),
+                    source,
+                }
+            })?;
+            &narrowed
+        };
         // Whatever happens next may leave the encoder's dictionary tracker
         // ahead of the file; only success clears the flag again.
         self.failed = true;

@@ -30,6 +30,8 @@ pub fn key_types() -> Vec<DataType> {
         DataType::Float64,
         DataType::Float32,
         DataType::Decimal128(20, 2),
+        // At most 18 digits: spill files hold it as an 8-byte integer.
+        DataType::Decimal128(15, 2),
         DataType::Decimal256(40, 3),
         DataType::Date32,
         DataType::Date64,

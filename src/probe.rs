@@ -193,10 +193,24 @@ impl ProbeState {
         if reservation.try_grow(bytes).is_ok() {
             return Ok(());
         }
-        for spill in self.spills.iter().flatten() {
-            self.flush(ctx, &mut lock(spill))?;
+        let mut attempt = 0;
+        loop {
+            for spill in self.spills.iter().flatten() {
+                self.flush(ctx, &mut lock(spill))?;
+            }
+            match reservation.try_grow(bytes) {
+                Ok(()) => return Ok(()),
+                // Another worker may be refilling the buffers just written, or
+                // holding a piece it is about to release: memory the headroom
+                // reserved for both. Wait for it a little before calling the limit
+                // too small (a skewed SF10 join at 10% failed once in three).
+                Err(_) if attempt < RESERVE_RETRIES => {
+                    attempt += 1;
+                    std::thread::sleep(std::time::Duration::from_millis(1));
+                }
+                Err(e) => return Err(e.into()),
+            }
         }
-        Ok(reservation.try_grow(bytes)?)
     }
 
     /// Appends probe rows (with their hashes, if spill files keep them) to partition
@@ -292,13 +306,24 @@ impl ProbeState {
                 return append(&mut spill);
             }
         }
-        // Free every buffer (one lock at a time, so no two workers deadlock).
-        for other in self.spills.iter().flatten() {
-            self.flush(ctx, &mut lock(other))?;
+        // Free every buffer (one lock at a time, so no two workers deadlock); another
+        // worker may refill them meanwhile, so try a few times (see `reserve`).
+        let mut attempt = 0;
+        loop {
+            for other in self.spills.iter().flatten() {
+                self.flush(ctx, &mut lock(other))?;
+            }
+            let mut spill = lock(slot);
+            match reserve(&mut spill) {
+                Ok(()) => return append(&mut spill),
+                Err(_) if attempt < RESERVE_RETRIES => {
+                    drop(spill);
+                    attempt += 1;
+                    std::thread::sleep(std::time::Duration::from_millis(1));
+                }
+                Err(e) => return Err(e.into()),
+            }
         }
-        let mut spill = lock(slot);
-        reserve(&mut spill)?;
-        append(&mut spill)
     }
 
     fn flush(&self, ctx: &Ctx<'_>, spill: &mut ProbeSpill) -> Result<()> {
@@ -416,6 +441,10 @@ const BLOOM_RETRY_ROWS: u64 = 4 * BLOOM_TRIAL_ROWS;
 /// worth a few tests, not dozens. (SF10 orders ⋈ lineitem at a 25% limit, where every
 /// probe row has a partner: the tests took 8.5% of the CPU time and skipped nothing.)
 const BLOOM_MIN_SKIP_SHARE: u64 = 4;
+
+/// How many times (1 ms apart) a probe worker frees its spill buffers and tries a
+/// reservation again before the limit is called too small.
+const RESERVE_RETRIES: u32 = 16;
 
 impl<'a> Prober<'a> {
     pub fn new(

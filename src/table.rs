@@ -113,19 +113,11 @@ impl ChainedTable {
 
     /// A table indexed by key (bucket `key - min`) over one-word keys whose
     /// [`direct_span`](Self::direct_span) is `(min, span)`. Every row is inserted: rows
-    /// whose key can never match must not be in `words`.
-    ///
-    /// # Panics
-    /// If a word lies outside `min..=min + span` (a caller's bug).
+    /// whose key can never match must not be in `words`; words outside
+    /// `min..=min + span` (a caller's bug) are left out.
     pub fn build_direct(words: &[u64], min: u64, span: u64) -> Self {
         let mut buckets = vec![0u32; span as usize + 1];
-        let mut next = vec![0u32; words.len()];
-        for (row, &word) in words.iter().enumerate() {
-            let bucket = &mut buckets[(word - min) as usize];
-            let previous = *bucket & !MORE;
-            next[row] = previous;
-            *bucket = (row as u32 + 1) | if previous != 0 { MORE } else { 0 };
-        }
+        let next = link_direct(words, min, atomic_view(&mut buckets));
         Self {
             mask: 0,
             buckets: Arc::new(buckets),
@@ -157,18 +149,15 @@ impl ChainedTable {
     /// the one partition that has the key: equal keys hash alike, so they are never
     /// in two partitions) and each has its own links. `(min, span)` is
     /// [`shared_direct_span`](Self::shared_direct_span) of `words`. `threads` link
-    /// partitions at once: no two write the same bucket. Words outside
-    /// `min..=min + span` (a caller's bug) are left out.
+    /// partitions at once: no two write the same bucket (were a key in two partitions,
+    /// its chains would be wrong, never unsafe). Words outside `min..=min + span` (a
+    /// caller's bug) are left out.
     pub fn build_shared_direct(words: &[&[u64]], min: u64, span: u64, threads: usize) -> Vec<Self> {
         let mut buckets = vec![0u32; span as usize + 1];
         let nexts: Vec<std::sync::Mutex<Vec<u32>>> =
             words.iter().map(|_| std::sync::Mutex::default()).collect();
         {
-            // SAFETY: `AtomicU32` has the size, alignment and bit validity of `u32`,
-            // and `buckets` is borrowed mutably for as long as this view lives, so
-            // every access meanwhile goes through it.
-            let shared: &[AtomicU32] =
-                unsafe { &*(buckets.as_mut_slice() as *mut [u32] as *const [AtomicU32]) };
+            let shared = atomic_view(&mut buckets);
             let claimed = AtomicUsize::new(0);
             std::thread::scope(|scope| {
                 for _ in 0..threads.clamp(1, words.len().max(1)) {
@@ -326,6 +315,14 @@ impl ChainedTable {
             entry = self.next(row);
         }
     }
+}
+
+/// `buckets` as atomics, for threads that each write buckets of their own.
+fn atomic_view(buckets: &mut [u32]) -> &[AtomicU32] {
+    // SAFETY: `AtomicU32` has the size, alignment and bit validity of `u32`, and
+    // `buckets` is borrowed mutably for as long as the view lives, so every access
+    // meanwhile goes through it.
+    unsafe { &*(buckets as *mut [u32] as *const [AtomicU32]) }
 }
 
 /// Links one partition's rows into the shared buckets of a key index: the buckets of

@@ -318,11 +318,7 @@ impl<'a> BuildCollector<'a> {
                 // Written now anyway: finish it, and read or compute its hashes a
                 // batch at a time.
                 let batch = gathered.finish()?;
-                let batch_size = self.plan().work_rows.max(1);
-                let mut start = 0;
-                while start < batch.num_rows() {
-                    let slice = batch.slice(start, batch_size.min(batch.num_rows() - start));
-                    start += slice.num_rows();
+                for slice in slices(&batch, self.plan().work_rows) {
                     if self.plan().spills_hashes() {
                         hash_column(&slice)?.iter().for_each(|&h| bloom.insert(h));
                     } else {
@@ -384,11 +380,7 @@ impl<'a> BuildCollector<'a> {
         reservation: &mut MemoryReservation,
         batch: &RecordBatch,
     ) -> Result<()> {
-        let batch_size = self.plan().work_rows.max(1);
-        let mut start = 0;
-        while start < batch.num_rows() {
-            let slice = batch.slice(start, batch_size.min(batch.num_rows() - start));
-            start += slice.num_rows();
+        for slice in slices(batch, self.plan().work_rows) {
             self.write_group(part, reservation, vec![slice])?;
         }
         Ok(())
@@ -598,13 +590,7 @@ impl<'a> BuildCollector<'a> {
             // (A narrower key is widened into a transient of the batch's words.)
             let (words, _) = crate::keys::words_of(columns[0].as_ref())?;
             let valid = |row: &usize| nulls.as_ref().is_none_or(|n| n.is_valid(*row));
-            let bounds = (0..n).filter(valid).map(|row| words[row]).fold(
-                None,
-                |acc: Option<(u64, u64)>, w| match acc {
-                    None => Some((w, w)),
-                    Some((lo, hi)) => Some((lo.min(w), hi.max(w))),
-                },
-            );
+            let bounds = crate::table::word_range((0..n).filter(valid).map(|row| words[row]));
             if let Some((lo, hi)) = bounds {
                 let mut all = lock(&self.word_bounds);
                 *all = Some(all.map_or((lo, hi), |(a, b)| (a.min(lo), b.max(hi))));
@@ -1109,6 +1095,14 @@ fn share_key_index(partitions: &mut [Partition], min: u64, span: u64, threads: u
     }
 }
 
+/// `batch` in zero-copy slices of at most `rows` rows.
+fn slices(batch: &RecordBatch, rows: usize) -> impl Iterator<Item = RecordBatch> + '_ {
+    let rows = rows.max(1);
+    (0..batch.num_rows())
+        .step_by(rows)
+        .map(move |start| batch.slice(start, rows.min(batch.num_rows() - start)))
+}
+
 /// The values of a spill-schema batch's hash column (its last).
 fn hash_column(batch: &RecordBatch) -> Result<&ScalarBuffer<u64>> {
     batch
@@ -1194,26 +1188,23 @@ pub(crate) fn finish_partition(
         .map(|&i| crate::keys::normalize(batch.column(i)))
         .collect::<Result<Vec<_>>>()?;
     let keys = plan.keys.keys_of(key_columns.clone())?;
-    // Dense one-word keys without nulls index the table by key: no hashes needed.
-    // Held beyond `ChainedTable::size_for`, reserved first, or the table is hashed.
-    let mut direct_extra = 0;
+    // Dense one-word keys without nulls index the table by key (no hashes needed),
+    // where that takes no more than the hashed table reserved for it: the probe's
+    // headroom is no longer held here, so nothing more is reserved. Without `index`,
+    // an empty table until the shared index replaces it.
     let rows = batch.num_rows();
-    let direct = match &keys.repr {
+    let keyed = match &keys.repr {
         _ if !index => Some(ChainedTable::build(&[], |_| true)),
         KeyRepr::Words {
             words, valid: None, ..
-        } => ChainedTable::direct_span(words).and_then(|(min, span)| {
-            let extra = ChainedTable::direct_size_for(span, words.len())
-                .saturating_sub(ChainedTable::size_for(words.len()));
-            if extra > 0 && lock(reservation).try_grow(extra).is_err() {
-                return None;
-            }
-            direct_extra = extra;
-            Some(ChainedTable::build_direct(words, min, span))
-        }),
+        } => ChainedTable::direct_span(words)
+            .filter(|&(_, span)| {
+                ChainedTable::direct_size_for(span, rows) <= ChainedTable::size_for(rows)
+            })
+            .map(|(min, span)| ChainedTable::build_direct(words, min, span)),
         _ => None,
     };
-    let (table, hashes) = match direct {
+    let (table, hashes) = match keyed {
         Some(table) => (table, hashes),
         None => {
             let hashes = if hashes.len() == batch.num_rows() {
@@ -1256,7 +1247,7 @@ pub(crate) fn finish_partition(
     {
         let mut res = lock(reservation);
         let size = res.size();
-        res.shrink((held + direct_extra).min(size));
+        res.shrink(held.min(size));
         res.grow(actual);
     }
     Ok(BuiltPartition {

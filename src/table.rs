@@ -95,15 +95,7 @@ impl ChainedTable {
     /// of a dense column span the fan-out times its rows). The table then holds
     /// [`direct_size_for`](Self::direct_size_for) bytes.
     pub fn direct_span(words: &[u64]) -> Option<(u64, u64)> {
-        let (min, max) = words
-            .iter()
-            .fold(None, |acc: Option<(u64, u64)>, &w| match acc {
-                None => Some((w, w)),
-                Some((lo, hi)) => Some((lo.min(w), hi.max(w))),
-            })?;
-        let span = max - min;
-        (span < 2 * Self::bucket_count(words.len()) as u64 && words.len() < MORE as usize)
-            .then_some((min, span))
+        Self::shared_direct_span(&[words])
     }
 
     /// The bytes a key-indexed table of `rows` rows whose keys span `span` holds.
@@ -131,13 +123,7 @@ impl ChainedTable {
     /// [`direct_span`](Self::direct_span), for their rows together).
     pub fn shared_direct_span(words: &[&[u64]]) -> Option<(u64, u64)> {
         let rows: usize = words.iter().map(|w| w.len()).sum();
-        let (min, max) = words.iter().flat_map(|w| w.iter()).fold(
-            None,
-            |acc: Option<(u64, u64)>, &w| match acc {
-                None => Some((w, w)),
-                Some((lo, hi)) => Some((lo.min(w), hi.max(w))),
-            },
-        )?;
+        let (min, max) = word_range(words.iter().flat_map(|w| w.iter().copied()))?;
         let span = max - min;
         (span < 2 * Self::bucket_count(rows) as u64
             && words.iter().all(|w| w.len() < MORE as usize))
@@ -317,6 +303,14 @@ impl ChainedTable {
     }
 }
 
+/// The smallest and largest of `words`, if any.
+pub(crate) fn word_range(words: impl Iterator<Item = u64>) -> Option<(u64, u64)> {
+    words.fold(None, |acc, w| match acc {
+        None => Some((w, w)),
+        Some((lo, hi)) => Some((lo.min(w), hi.max(w))),
+    })
+}
+
 /// `buckets` as atomics, for threads that each write buckets of their own.
 fn atomic_view(buckets: &mut [u32]) -> &[AtomicU32] {
     // SAFETY: `AtomicU32` has the size, alignment and bit validity of `u32`, and
@@ -400,9 +394,9 @@ mod tests {
     }
 
     #[test]
-    fn a_key_indexed_table_finds_every_row_of_a_key_and_nothing_else() {
+    fn a_key_indexed_table_finds_every_row_of_a_key_and_nothing_else() -> Result<(), &'static str> {
         let words = [107u64, 109, 107, 103, 107, 110];
-        let (min, span) = ChainedTable::direct_span(&words).expect("dense");
+        let (min, span) = ChainedTable::direct_span(&words).ok_or("not dense")?;
         assert_eq!((min, span), (103, 7));
         let table = ChainedTable::build_direct(&words, min, span);
         assert!(table.is_direct());
@@ -428,7 +422,7 @@ mod tests {
         let first_part = [5u64, 9, 5];
         let second_part = [7u64, 6, 7, 7];
         let (min, span) =
-            ChainedTable::shared_direct_span(&[&first_part, &second_part]).expect("dense");
+            ChainedTable::shared_direct_span(&[&first_part, &second_part]).ok_or("not dense")?;
         assert_eq!((min, span), (5, 4));
         let tables = ChainedTable::build_shared_direct(&[&first_part, &second_part], min, span, 2);
         let rows_in = chain_rows;
@@ -440,5 +434,6 @@ mod tests {
         // Spread-out keys are hashed instead.
         assert!(ChainedTable::direct_span(&[1, 1 << 40]).is_none());
         assert!(ChainedTable::direct_span(&[]).is_none());
+        Ok(())
     }
 }

@@ -195,8 +195,8 @@ impl ProbeState {
         }
         let mut attempt = 0;
         loop {
-            for spill in self.spills.iter().flatten() {
-                self.flush(ctx, &mut lock(spill))?;
+            if self.free_buffers(ctx, || reservation.try_grow(bytes).is_ok())? {
+                return Ok(());
             }
             match reservation.try_grow(bytes) {
                 Ok(()) => return Ok(()),
@@ -240,16 +240,18 @@ impl ProbeState {
                 spill.reservation.try_grow(bytes).is_ok()
             }
         };
-        if !reserved {
-            // Free every buffer (one lock at a time, so no two workers deadlock).
-            for other in self.spills.iter().flatten() {
-                self.flush(ctx, &mut lock(other))?;
+        let mut spill = if reserved {
+            lock(slot)
+        } else {
+            // Free other buffers (one lock at a time, so no two workers deadlock).
+            let grown =
+                self.free_buffers(ctx, || lock(slot).reservation.try_grow(bytes).is_ok())?;
+            let mut spill = lock(slot);
+            if !grown {
+                spill.reservation.try_grow(bytes)?;
             }
-        }
-        let mut spill = lock(slot);
-        if !reserved {
-            spill.reservation.try_grow(bytes)?;
-        }
+            spill
+        };
         spill.rows += batch.num_rows();
         spill.pending.push(batch);
         if spill.rows >= ctx.plan.work_rows {
@@ -306,12 +308,21 @@ impl ProbeState {
                 return append(&mut spill);
             }
         }
-        // Free every buffer (one lock at a time, so no two workers deadlock); another
+        // Free other buffers (one lock at a time, so no two workers deadlock); another
         // worker may refill them meanwhile, so try a few times (see `reserve`).
         let mut attempt = 0;
         loop {
-            for other in self.spills.iter().flatten() {
-                self.flush(ctx, &mut lock(other))?;
+            let mut appended = None;
+            self.free_buffers(ctx, || {
+                let mut spill = lock(slot);
+                let fits = reserve(&mut spill).is_ok();
+                if fits {
+                    appended = Some(append(&mut spill));
+                }
+                fits
+            })?;
+            if let Some(result) = appended {
+                return result;
             }
             let mut spill = lock(slot);
             match reserve(&mut spill) {
@@ -324,6 +335,30 @@ impl ProbeState {
                 Err(e) => return Err(e.into()),
             }
         }
+    }
+
+    /// Writes buffered probe rows out, the fullest buffers first, until `fits()` (or
+    /// every buffer is empty): a buffer written is written as full as it has become,
+    /// not half empty because memory ran out for something else. Returns whether
+    /// `fits()` said yes.
+    fn free_buffers(&self, ctx: &Ctx<'_>, mut fits: impl FnMut() -> bool) -> Result<bool> {
+        let mut held: Vec<(usize, usize)> = self
+            .spills
+            .iter()
+            .enumerate()
+            .filter_map(|(p, spill)| Some((lock(spill.as_ref()?).reservation.size(), p)))
+            .filter(|&(bytes, _)| bytes > 0)
+            .collect();
+        held.sort_unstable_by(|a, b| b.cmp(a));
+        for (_, p) in held {
+            if let Some(spill) = self.spills.get(p).and_then(|s| s.as_ref()) {
+                self.flush(ctx, &mut lock(spill))?;
+            }
+            if fits() {
+                return Ok(true);
+            }
+        }
+        Ok(false)
     }
 
     fn flush(&self, ctx: &Ctx<'_>, spill: &mut ProbeSpill) -> Result<()> {

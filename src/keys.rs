@@ -36,7 +36,7 @@ pub enum NullEquality {
 }
 
 /// The resolved key columns of a join, in build/probe terms.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub(crate) struct KeySpec {
     /// Key column indices in the build input.
     pub build_columns: Vec<usize>,

@@ -20,7 +20,7 @@ use crate::output::OutputLayout;
 use crate::partition::HashBits;
 
 /// A join ready to execute.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub(crate) struct JoinPlan {
     pub join_type: JoinType,
     pub resolved: BuildJoinType,
@@ -47,6 +47,22 @@ pub(crate) struct JoinPlan {
 }
 
 impl JoinPlan {
+    /// This plan (and its mirror) on one thread, drawing from `pool`: for a spilled
+    /// pair joined beside others ([`crate::exec`]).
+    pub fn on_one_thread(&self, pool: &Arc<dyn MemoryPool>) -> JoinPlan {
+        let mut one = self.clone();
+        one.threads = 1;
+        one.pool = Arc::clone(pool);
+        one.mirror = self.mirror.as_ref().map(|mirror| {
+            let mut m = JoinPlan::clone(mirror);
+            m.threads = 1;
+            m.pool = Arc::clone(pool);
+            m.mirror = None;
+            Arc::new(m)
+        });
+        one
+    }
+
     /// The side that probes.
     pub fn probe_side(&self) -> Side {
         self.build_side.other()

@@ -8,7 +8,9 @@
 //!             spilled partitions: rows that may match ─► probe spill file
 //!                                 rows that cannot (bloom) ─► unmatched now
 //!    emit unmatched/semi/anti/mark build rows of in-memory partitions
-//!    for each spilled (build file, probe file) pair, one at a time, all threads:
+//!    for each spilled (build file, probe file) pair — side by side, one per thread,
+//!    each in its own share of the free memory, when they fit one; else one at a
+//!    time on all threads:
 //!       split it? ─► run_level(level + 1: the two files, next hash bits)
 //!       one key dominates (no split) or no hash bits left ─► fallback:
 //!          probe file large? ─► split the dominant key off: its pair ─► chunked,

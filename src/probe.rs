@@ -787,24 +787,36 @@ impl<'a> Prober<'a> {
             for (&r, &first) in rows[range.clone()].iter().zip(&firsts) {
                 let r = r as usize;
                 let hash = self.hashes[r];
-                let mut full = false;
-                part.table.for_each_candidate_from(
-                    first,
-                    hash,
-                    &part.hashes,
-                    E::CHECK_HASH_FIRST,
-                    |b| {
-                        if skip_eq || eq.key_eq(r, b) {
-                            self.pair_probe.push(r as u32);
-                            self.pair_build.push(b as u32);
-                            full = self.pair_probe.len() >= batch_size;
-                        }
-                        ControlFlow::Continue(())
-                    },
-                );
-                // A hot key may add many pairs at once; flush in bounded slices.
-                if full {
-                    self.flush_pairs(batch, part, p, sink)?;
+                let mut from = first;
+                // A hot key's chain may hold millions of rows: the walk stops when
+                // the pair buffers are full (their reservation is for `batch_size`
+                // pairs), and goes on from where it stopped once they are emptied.
+                loop {
+                    let mut full = false;
+                    let rest = part.table.for_each_candidate_from(
+                        from,
+                        hash,
+                        &part.hashes,
+                        E::CHECK_HASH_FIRST,
+                        |b| {
+                            if skip_eq || eq.key_eq(r, b) {
+                                self.pair_probe.push(r as u32);
+                                self.pair_build.push(b as u32);
+                                if self.pair_probe.len() >= batch_size {
+                                    full = true;
+                                    return ControlFlow::Break(());
+                                }
+                            }
+                            ControlFlow::Continue(())
+                        },
+                    );
+                    if full {
+                        self.flush_pairs(batch, part, p, sink)?;
+                    }
+                    match rest {
+                        Some(rest) => from = rest,
+                        None => break,
+                    }
                 }
             }
             self.flush_pairs(batch, part, p, sink)

@@ -220,7 +220,7 @@ impl ChainedTable {
         hashes: &[u64],
         f: impl FnMut(usize) -> std::ops::ControlFlow<()>,
     ) {
-        self.for_each_candidate_from(self.first(hash), hash, hashes, true, f)
+        let _ = self.for_each_candidate_from(self.first(hash), hash, hashes, true, f);
     }
 
     /// Looks up the first entries of many hashes at once. The loads are independent,
@@ -266,6 +266,10 @@ impl ChainedTable {
     /// candidate (the caller compares keys, which implies equal hashes). In a
     /// key-indexed table every row of the chain has the key looked up, and `hash` is
     /// not used.
+    ///
+    /// When `f` breaks, returns the first entry of the rest of the chain (`None` if
+    /// nothing is left), from which a later call goes on: a walk can stop when its
+    /// caller's buffer is full and resume after it is emptied.
     #[inline(always)]
     pub fn for_each_candidate_from(
         &self,
@@ -274,32 +278,36 @@ impl ChainedTable {
         hashes: &[u64],
         check_hash: bool,
         mut f: impl FnMut(usize) -> std::ops::ControlFlow<()>,
-    ) {
+    ) -> Option<u32> {
         if self.is_direct() {
             if first & MORE == 0 {
                 if first != 0 {
                     let _ = f(first as usize - 1);
                 }
-                return;
+                return None;
             }
             let mut entry = first & !MORE;
             while entry != 0 {
                 let row = entry as usize - 1;
+                let next = self.next(row);
                 if f(row).is_break() {
-                    return;
+                    // The rest is a chain of links: flagged as such.
+                    return (next != 0).then_some(next | MORE);
                 }
-                entry = self.next(row);
+                entry = next;
             }
-            return;
+            return None;
         }
         let mut entry = first;
         while entry != 0 {
             let row = entry as usize - 1;
+            let next = self.next(row);
             if (!check_hash || hashes[row] == hash) && f(row).is_break() {
-                return;
+                return (next != 0).then_some(next);
             }
-            entry = self.next(row);
+            entry = next;
         }
+        None
     }
 }
 
@@ -434,6 +442,72 @@ mod tests {
         // Spread-out keys are hashed instead.
         assert!(ChainedTable::direct_span(&[1, 1 << 40]).is_none());
         assert!(ChainedTable::direct_span(&[]).is_none());
+        Ok(())
+    }
+
+    /// Walks a chain from `first`, stopping after every `step` candidates and going on
+    /// from where the walk said: the rows seen, in order.
+    fn walk_in_steps(
+        table: &ChainedTable,
+        first: u32,
+        hash: u64,
+        hashes: &[u64],
+        step: usize,
+    ) -> Vec<usize> {
+        let mut seen = vec![];
+        let mut from = Some(first);
+        while let Some(start) = from {
+            let mut taken = 0;
+            from = table.for_each_candidate_from(start, hash, hashes, true, |row| {
+                seen.push(row);
+                taken += 1;
+                if taken == step {
+                    ControlFlow::Break(())
+                } else {
+                    ControlFlow::Continue(())
+                }
+            });
+        }
+        seen
+    }
+
+    #[test]
+    fn a_walk_stopped_anywhere_goes_on_where_it_stopped() -> Result<(), &'static str> {
+        // A hot key (every third row) among others, in both kinds of table.
+        let words: Vec<u64> = (0..300u64)
+            .map(|i| if i % 3 == 0 { 301 } else { i })
+            .collect();
+        let hashes: Vec<u64> = words
+            .iter()
+            .map(|&w| w.wrapping_mul(0x9E37_79B9_7F4A_7C15))
+            .collect();
+        let hashed = ChainedTable::build(&hashes, |_| true);
+        let (min, span) = ChainedTable::direct_span(&words).ok_or("not dense")?;
+        let direct = ChainedTable::build_direct(&words, min, span);
+        let hot = hashes[0];
+        for (table, first) in [
+            (&hashed, hashed.first(hot)),
+            (&direct, direct.first_direct(301)),
+        ] {
+            let whole = walk_in_steps(table, first, hot, &hashes, usize::MAX);
+            let mut sorted = whole.clone();
+            sorted.sort();
+            assert_eq!(sorted, (0..300).step_by(3).collect::<Vec<_>>());
+            for step in [1, 2, 7, 99, 100, 101] {
+                assert_eq!(
+                    walk_in_steps(table, first, hot, &hashes, step),
+                    whole,
+                    "step {step}"
+                );
+            }
+        }
+        // A chain of one row, and no chain.
+        let one = direct.first_direct(1);
+        assert_eq!(walk_in_steps(&direct, one, 0, &[], 1), [1]);
+        assert_eq!(
+            walk_in_steps(&direct, direct.first_direct(3), 0, &[], 1),
+            Vec::<usize>::new()
+        );
         Ok(())
     }
 }

@@ -754,9 +754,8 @@ impl<'a> BuildCollector<'a> {
             .iter()
             .filter(|p| p.writer.is_some())
             .count();
-        let buffers = (spilled * plan.work_rows * probe_spill_row_bytes(plan))
-            .min(plan.pool.limit().bytes() / 4);
         let limit = plan.pool.limit().bytes();
+        let buffers = (spilled * plan.work_rows * probe_spill_row_bytes(plan)).min(limit / 4);
         let workers = (per_worker * plan.threads).min(limit / 2);
         let mut headroom_reservation = self.base.new_empty();
         // The buffers are worth spilling build rows for, not failing for: near the

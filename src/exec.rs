@@ -523,8 +523,8 @@ fn join_pairs_side_by_side(
     let mut held = shares.new_empty();
     if let Some(share) = share {
         if held.try_grow(share * workers).is_err() {
-            // Taken meanwhile (by nothing of this join's, which is between levels):
-            // one pair at a time, as without room.
+            // Another user of the pool took the room meanwhile (nothing of this
+            // join's holds memory between levels): one pair at a time.
             for (build_file, probe_file) in pairs {
                 join_either_way(ctx, level, level_rows, build_file, probe_file, facts)?;
             }

@@ -15,6 +15,7 @@
 //! execution lives in [`ProbeState`] (visited bits per build row, and the facts of the
 //! probe side that `NOT IN` with the build on the outer side needs).
 
+use std::borrow::Cow;
 use std::ops::ControlFlow;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -598,13 +599,16 @@ impl<'a> Prober<'a> {
         let tally = self.bloom_tally.get(p).copied().unwrap_or_default();
         let bloom = bloom.filter(|_| !tally.off);
         let candidates = self.grouped.partition(p);
-        let rows: Vec<u32> = match bloom {
-            Some(bloom) => candidates
-                .iter()
-                .copied()
-                .filter(|&r| bloom.may_contain(self.hashes[r as usize]))
-                .collect(),
-            None => candidates.to_vec(),
+        // Without a filter to consult, the partition's rows as grouped, not a copy.
+        let rows: Cow<'_, [u32]> = match bloom {
+            Some(bloom) => Cow::Owned(
+                candidates
+                    .iter()
+                    .copied()
+                    .filter(|&r| bloom.may_contain(self.hashes[r as usize]))
+                    .collect(),
+            ),
+            None => Cow::Borrowed(candidates),
         };
         let ctx = self.ctx;
         let skipped = candidates.len() - rows.len();
@@ -637,7 +641,7 @@ impl<'a> Prober<'a> {
         if rows.is_empty() {
             return Ok(());
         }
-        for &r in &rows {
+        for &r in rows.iter() {
             self.deferred[r as usize] = true;
         }
         if self.state.fixed_widths.is_some() {
@@ -655,7 +659,7 @@ impl<'a> Prober<'a> {
         } else {
             Vec::new()
         };
-        let fragment = take_record_batch(batch, &UInt32Array::from(rows))?;
+        let fragment = take_record_batch(batch, &UInt32Array::from(rows.into_owned()))?;
         self.state.spill_rows(ctx, p, fragment, hashes)
     }
 

@@ -423,8 +423,9 @@ impl HashJoinBuilder {
 /// `b = ceil(log2(8 × build / limit))`, at least
 /// [`DEFAULT_PARTITION_BITS`] (enough partitions for every thread to build tables in
 /// parallel, and for spilling to keep most of a build that almost fits) and at most
-/// [`MAX_PARTITION_BITS`] — and no more than a quarter of the limit can buffer
-/// (about 32 KiB per spilled partition). A build that fits eight times over gets two
+/// [`MAX_PARTITION_BITS`] — and no more than half the limit can buffer (about 32 KiB
+/// per spilled partition: with a quarter, a 34 MiB build under a 3.4 MiB limit got
+/// 16 partitions too large to join in one level, and every row was written twice). A build that fits eight times over gets two
 /// partitions per thread (at most [`DEFAULT_PARTITION_BITS`] bits). Unknown sizes or
 /// no limit give the default; a partition that still does not fit is split again at
 /// the next level.
@@ -451,7 +452,7 @@ pub fn partition_bits_for(
     // Every spilled partition keeps a writer and a few pieces per side in memory
     // (about 32 KiB); under a tiny limit, fewer partitions (split again at the next
     // level) beat many that cannot all be buffered.
-    let affordable = (limit_bytes / (4 * PER_PARTITION_SPILL_BYTES))
+    let affordable = (limit_bytes / (2 * PER_PARTITION_SPILL_BYTES))
         .max(4)
         .ilog2();
     wanted.min(affordable)

@@ -423,9 +423,10 @@ impl HashJoinBuilder {
 /// `b = ceil(log2(8 × build / limit))`, at least
 /// [`DEFAULT_PARTITION_BITS`] (enough partitions for every thread to build tables in
 /// parallel, and for spilling to keep most of a build that almost fits) and at most
-/// [`MAX_PARTITION_BITS`] — and no more than half the limit can buffer (about 32 KiB
-/// per spilled partition: with a quarter, a 34 MiB build under a 3.4 MiB limit got
-/// 16 partitions too large to join in one level, and every row was written twice). A build that fits eight times over gets two
+/// [`MAX_PARTITION_BITS`] — and no more than a quarter of the limit can buffer (about
+/// 32 KiB per spilled partition), or half when only that many partitions can each be
+/// joined in one level (a 34 MiB build under a 3.4 MiB limit: 16 partitions too large
+/// for one level, every row written twice; 32 that fit). A build that fits eight times over gets two
 /// partitions per thread (at most [`DEFAULT_PARTITION_BITS`] bits). Unknown sizes or
 /// no limit give the default; a partition that still does not fit is split again at
 /// the next level.
@@ -451,11 +452,21 @@ pub fn partition_bits_for(
     let wanted = (ratio.log2().ceil() as u32).clamp(DEFAULT_PARTITION_BITS, MAX_PARTITION_BITS);
     // Every spilled partition keeps a writer and a few pieces per side in memory
     // (about 32 KiB); under a tiny limit, fewer partitions (split again at the next
-    // level) beat many that cannot all be buffered.
-    let affordable = (limit_bytes / (2 * PER_PARTITION_SPILL_BYTES))
-        .max(4)
-        .ilog2();
-    wanted.min(affordable)
+    // level) beat many that cannot all be buffered — a quarter of the limit buys
+    // buffers, or half of it when that is what lets the partitions be joined in one
+    // level (each needing about three times its size).
+    let affordable = |share: usize| {
+        (limit_bytes / (share * PER_PARTITION_SPILL_BYTES))
+            .max(4)
+            .ilog2()
+    };
+    let one_level = |bits: u32| (build >> bits) as f64 * 3.0 <= limit_bytes as f64;
+    let (quarter, half) = (wanted.min(affordable(4)), wanted.min(affordable(2)));
+    if !one_level(quarter) && one_level(half) {
+        half
+    } else {
+        quarter
+    }
 }
 
 /// What one spilled partition holds in memory while it is written: its build and

@@ -98,33 +98,23 @@ fn narrows(data_type: &DataType) -> bool {
 /// # Errors
 /// A decimal value that does not fit in 64 bits.
 pub(crate) fn narrow(batch: &RecordBatch, file: &SchemaRef) -> Result<RecordBatch, ArrowError> {
-    let columns = batch
-        .columns()
-        .iter()
-        .zip(file.fields())
-        .map(|(column, field)| -> Result<ArrayRef, ArrowError> {
-            if field.data_type() != &DataType::Int64 || column.data_type() == &DataType::Int64 {
-                return Ok(Arc::clone(column));
-            }
-            let decimals = column.as_primitive_opt::<Decimal128Type>().ok_or_else(|| {
-                ArrowError::SchemaError(format!("{} is not a decimal", column.data_type()))
-            })?;
-            let narrowed: Int64Array = decimals.try_unary(|v| {
-                i64::try_from(v).map_err(|_| {
-                    ArrowError::InvalidArgumentError(format!(
-                        "decimal value {v} of column {} exceeds its precision",
-                        field.name()
-                    ))
-                })
-            })?;
-            Ok(Arc::new(narrowed))
-        })
-        .collect::<Result<Vec<_>, ArrowError>>()?;
-    RecordBatch::try_new_with_options(
-        Arc::clone(file),
-        columns,
-        &RecordBatchOptions::new().with_row_count(Some(batch.num_rows())),
-    )
+    convert(batch, file, |column, field| {
+        if field.data_type() != &DataType::Int64 || column.data_type() == &DataType::Int64 {
+            return Ok(Arc::clone(column));
+        }
+        let decimals = column.as_primitive_opt::<Decimal128Type>().ok_or_else(|| {
+            ArrowError::SchemaError(format!("{} is not a decimal", column.data_type()))
+        })?;
+        let narrowed: Int64Array = decimals.try_unary(|v| {
+            i64::try_from(v).map_err(|_| {
+                ArrowError::InvalidArgumentError(format!(
+                    "decimal value {v} of column {} exceeds its precision",
+                    field.name()
+                ))
+            })
+        })?;
+        Ok(Arc::new(narrowed))
+    })
 }
 
 /// `batch` (of a file's schema) in the `logical` schema.
@@ -132,24 +122,33 @@ pub(crate) fn narrow(batch: &RecordBatch, file: &SchemaRef) -> Result<RecordBatc
 /// # Errors
 /// Types that do not match (a bug, or a file altered behind our back).
 pub(crate) fn widen(batch: &RecordBatch, logical: &SchemaRef) -> Result<RecordBatch, ArrowError> {
+    convert(batch, logical, |column, field| {
+        let DataType::Decimal128(p, s) = field.data_type() else {
+            return Ok(Arc::clone(column));
+        };
+        if column.data_type() != &DataType::Int64 {
+            return Ok(Arc::clone(column));
+        }
+        let ints = column.as_primitive::<Int64Type>();
+        let widened: Decimal128Array = ints.unary(i128::from);
+        Ok(Arc::new(widened.with_precision_and_scale(*p, *s)?))
+    })
+}
+
+/// `batch` in `schema`, each column passed through `column` with its field there.
+fn convert(
+    batch: &RecordBatch,
+    schema: &SchemaRef,
+    column: impl Fn(&ArrayRef, &Field) -> Result<ArrayRef, ArrowError>,
+) -> Result<RecordBatch, ArrowError> {
     let columns = batch
         .columns()
         .iter()
-        .zip(logical.fields())
-        .map(|(column, field)| -> Result<ArrayRef, ArrowError> {
-            let DataType::Decimal128(p, s) = field.data_type() else {
-                return Ok(Arc::clone(column));
-            };
-            if column.data_type() != &DataType::Int64 {
-                return Ok(Arc::clone(column));
-            }
-            let ints = column.as_primitive::<Int64Type>();
-            let widened: Decimal128Array = ints.unary(i128::from);
-            Ok(Arc::new(widened.with_precision_and_scale(*p, *s)?))
-        })
+        .zip(schema.fields())
+        .map(|(c, field)| column(c, field))
         .collect::<Result<Vec<_>, ArrowError>>()?;
     RecordBatch::try_new_with_options(
-        Arc::clone(logical),
+        Arc::clone(schema),
         columns,
         &RecordBatchOptions::new().with_row_count(Some(batch.num_rows())),
     )

@@ -35,7 +35,7 @@ use arrow_schema::{ArrowError, DataType, SchemaRef};
 use arrow_select::concat::concat_batches;
 use arrow_select::take::take_record_batch;
 use spilljoin_memory::{MemoryConsumer, MemoryReservation};
-use spilljoin_spill::{SpillFile, SpillWriter, WRITE_BUFFER_BYTES};
+use spilljoin_spill::{SpillFile, SpillWriter};
 
 use crate::batches::{attach_hashes, batch_bytes, lock, pieces, run_workers, write_counted};
 use crate::bloom::Bloom;
@@ -331,8 +331,6 @@ impl<'a> BuildCollector<'a> {
             part.bloom = Some(bloom);
         }
         self.flush(part, reservation, p)?;
-        // The open writer's buffer, paid from what the flush just freed.
-        reservation.grow(WRITE_BUFFER_BYTES);
         Ok(())
     }
 
@@ -428,8 +426,7 @@ impl<'a> BuildCollector<'a> {
         reservation: &mut MemoryReservation,
     ) -> Result<()> {
         let ctx = self.ctx;
-        let opened = part.writer.is_none();
-        if opened {
+        if part.writer.is_none() {
             let label = format!("build-d{}-unmatchable", self.level.depth);
             part.writer = Some(
                 ctx.spill
@@ -453,9 +450,6 @@ impl<'a> BuildCollector<'a> {
         reservation.shrink(part.bytes);
         part.bytes = 0;
         part.rows = 0;
-        if opened {
-            reservation.grow(WRITE_BUFFER_BYTES);
-        }
         Ok(())
     }
 
@@ -884,7 +878,6 @@ impl<'a> BuildCollector<'a> {
                         .ok_or_else(|| {
                             JoinError::InvalidJoin("internal: lost a spill writer".into())
                         })?;
-                    lock(&reservation).shrink(WRITE_BUFFER_BYTES);
                     Partition::Spilled(SpilledPartition {
                         file,
                         bloom: buffer.bloom.take(),
@@ -995,7 +988,6 @@ impl<'a> BuildCollector<'a> {
         }
         self.spill_unmatchable(&mut buffer, reservation)?;
         let file = buffer.writer.take().map(|w| w.finish()).transpose()?;
-        reservation.shrink(WRITE_BUFFER_BYTES);
         Ok(Unmatchable {
             batches: Vec::new(),
             file,

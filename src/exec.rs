@@ -43,7 +43,7 @@ use spilljoin_memory::{
     GreedyMemoryPool, MemoryConsumer, MemoryLimit, MemoryPool, MemoryReservation,
     TrackConsumersPool,
 };
-use spilljoin_spill::{SpillError, SpillFile, SpillManager, WRITE_BUFFER_BYTES};
+use spilljoin_spill::{SpillError, SpillFile, SpillManager};
 
 use crate::batches::{batch_bytes, detach_hashes, lock, pieces, run_workers, write_counted};
 use crate::build::{
@@ -691,9 +691,9 @@ fn fallback(
             .with_can_spill(false)
             .register(&ctx.plan.pool);
         let mut reservation = consumer.new_empty();
-        // The sample's hashes, then the four writers' buffers and a batch in flight
-        // (filtered twice); without room for them the pair is joined in chunks.
-        let room = HOT_SAMPLE_ROWS * 8 + 4 * WRITE_BUFFER_BYTES + 3 * ctx.plan.work_rows * 64;
+        // The sample's hashes, then a batch in flight (filtered twice); without room
+        // for them the pair is joined in chunks.
+        let room = HOT_SAMPLE_ROWS * 8 + 3 * ctx.plan.work_rows * 64;
         if reservation.try_grow(room).is_ok() {
             if let Some(hot) = hot_hash(ctx, build_file)? {
                 return split_hot_key(

@@ -27,7 +27,7 @@ use arrow_schema::SchemaRef;
 use arrow_select::concat::concat_batches;
 use arrow_select::take::take_record_batch;
 use spilljoin_memory::MemoryReservation;
-use spilljoin_spill::{SpillFile, SpillWriter, WRITE_BUFFER_BYTES};
+use spilljoin_spill::{SpillFile, SpillWriter};
 
 use crate::batches::{attach_hashes, batch_bytes, lock, write_counted};
 use crate::bloom::Bloom;
@@ -92,8 +92,6 @@ pub(crate) struct ProbeSpill {
     rows: usize,
     writer: Option<SpillWriter>,
     reservation: MemoryReservation,
-    /// Holds the open writer's buffer.
-    writer_reservation: MemoryReservation,
     label: String,
 }
 
@@ -155,7 +153,6 @@ impl ProbeState {
                         rows: 0,
                         writer: None,
                         reservation: reservation.new_empty(),
-                        writer_reservation: reservation.new_empty(),
                         label: format!("probe-d{}-p{p}", level.depth),
                     })
                 })
@@ -367,8 +364,7 @@ impl ProbeState {
         if spill.pending.is_empty() && gathered == 0 {
             return Ok(());
         }
-        let opened = spill.writer.is_none();
-        if opened {
+        if spill.writer.is_none() {
             spill.writer = Some(
                 ctx.spill
                     .create_writer(Arc::clone(&self.spill_schema), &spill.label)?,
@@ -397,10 +393,6 @@ impl ProbeState {
         )?;
         spill.rows = 0;
         spill.reservation.free();
-        if opened {
-            // The open writer's buffer, paid from what the flush just freed.
-            spill.writer_reservation.grow(WRITE_BUFFER_BYTES);
-        }
         Ok(())
     }
 
@@ -414,9 +406,7 @@ impl ProbeState {
                 Some(spill) => {
                     let mut spill = lock(spill);
                     self.flush(ctx, &mut spill)?;
-                    let file = spill.writer.take().map(|w| w.finish()).transpose()?;
-                    spill.writer_reservation.free();
-                    file
+                    spill.writer.take().map(|w| w.finish()).transpose()?
                 }
             });
         }

@@ -122,7 +122,7 @@ mod writer;
 pub use config::{ParseSpillOptionError, SpillCompression, SpillConfig, SpillReadMode};
 pub use error::SpillError;
 pub use file::SpillFile;
-pub use manager::{SpillManager, SpillMetrics, WRITE_BUFFER_BYTES};
+pub use manager::{SpillManager, SpillMetrics};
 pub use reader::{read_spill_file, SpillReader, UNTRUSTED_DECODED_BYTES_MAX};
 pub use writer::SpillWriter;
 

@@ -1,7 +1,6 @@
 //! The spill manager: one private directory, one quota, many files.
 
 use std::fs::{File, OpenOptions};
-use std::io::BufWriter;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -13,23 +12,6 @@ use crate::error::SpillError;
 use crate::file::FileGuard;
 use crate::quota::DiskQuota;
 use crate::writer::{CountingWriter, SpillWriter};
-
-/// Capacity of the `BufWriter` in front of each spill file: memory every
-/// open [`SpillWriter`] holds besides the batch being encoded, which a caller
-/// with a memory budget should reserve per open writer.
-///
-/// Each encoded message is handed over in one vectored write: messages
-/// smaller than this are copied into the buffer and coalesced, larger ones
-/// go straight to `writev(2)` without a copy. On `benches/spill_io.rs`
-/// (8192-row messages of ~800 KB) 64 KiB, 256 KiB and 1 MiB all wrote the
-/// 64 MiB in 15.2–15.4 ms (fastest of 10 samples), against 13.0–13.5 ms for
-/// a plain `write_all` of the same bytes. Before writes were vectored
-/// (arrow's `StreamWriter`, one `write` per buffer), the capacity decided
-/// everything: 8 KiB 21–25 ms, 1 MiB 16–18 ms. A join keeps one writer open per
-/// spilled partition and side (up to hundreds at once), so the buffer is small: 8 KiB
-/// coalesces small batches, and batch-sized messages bypass it (8 KiB measured
-/// as fast as 256 KiB on `write/none`; see BENCHMARKS.md).
-pub const WRITE_BUFFER_BYTES: usize = 8 << 10;
 
 /// Longest part of a file name taken from a writer's label.
 const LABEL_MAX_CHARS: usize = 48;
@@ -169,7 +151,7 @@ impl SpillManager {
         })?;
         self.inner.files_created.fetch_add(1, Ordering::Relaxed);
         let guard = FileGuard::new(self.inner.clone(), path);
-        let sink = CountingWriter::new(BufWriter::with_capacity(WRITE_BUFFER_BYTES, file), guard);
+        let sink = CountingWriter::new(file, guard);
         SpillWriter::try_new(sink, schema, self.inner.config.compression)
     }
 

@@ -2,23 +2,30 @@
 //! per message through a quota-checking counter.
 //!
 //! ```text
-//!  batch ──► StreamEncoder ──► Vec<Buffer> ──► CountingWriter ──► BufWriter ──► File
-//!            (IPC framing;     (the batch's    (reserves quota    (copies messages
-//!             compression)      own buffers     for the whole      smaller than its
-//!                               when not        message first)     capacity; writev(2)
-//!                               compressed)                        for larger ones)
+//!  batch ──► StreamEncoder ──► Vec<Buffer> ──► CountingWriter ──► File
+//!            (IPC framing;     (the batch's    (reserves quota    (one writev(2)
+//!             compression)      own buffers     for the whole      per message)
+//!                               when not        message first)
+//!                               compressed)
 //! ```
 //!
 //! arrow's `StreamWriter` would do the same framing but issue one `write` per
 //! buffer and per padding run; behind a `BufWriter` large enough to make
 //! those cheap, every byte is copied once more. Encoding to buffers and
 //! writing a message with one `writev` keeps uncompressed batches zero-copy
-//! on the way to the kernel (see [`crate::WRITE_BUFFER_BYTES`] for the
-//! measurements), and lets the quota refuse a whole message before any of it
-//! reaches the file.
+//! on the way to the kernel, and lets the quota refuse a whole message before
+//! any of it reaches the file.
+//!
+//! No buffer sits in front of the file: a message is already one system call,
+//! and a join keeps one writer open per spilled partition and side (hundreds
+//! under a small limit), where a buffer per writer would take memory from the
+//! rows being buffered for bigger messages. Measured on `benches/spill_io.rs`
+//! (8192-row messages of ~800 KB): a `BufWriter` of 8 KiB, 64 KiB, 256 KiB or
+//! 1 MiB wrote the 64 MiB in 15.2–15.4 ms, a plain `write_all` of the same
+//! bytes 13.0–13.5 ms; see BENCHMARKS.md for the join-level figures.
 
 use std::fs::File;
-use std::io::{self, BufWriter, IoSlice, Write};
+use std::io::{self, IoSlice, Write};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 
@@ -35,12 +42,12 @@ use crate::manager::ManagerInner;
 /// Counts the bytes going to the file and reserves quota for them first.
 pub(crate) struct CountingWriter {
     // Field order matters: the file is closed before the guard deletes it.
-    inner: BufWriter<File>,
+    inner: File,
     guard: FileGuard,
 }
 
 impl CountingWriter {
-    pub(crate) fn new(inner: BufWriter<File>, guard: FileGuard) -> Self {
+    pub(crate) fn new(inner: File, guard: FileGuard) -> Self {
         Self { inner, guard }
     }
 
@@ -68,19 +75,12 @@ impl CountingWriter {
         })
     }
 
-    /// Flushes and closes the file, handing back the guard that owns it.
-    fn into_guard(self) -> Result<FileGuard, SpillError> {
+    /// Closes the file (every message is in it already), handing back the guard
+    /// that owns it.
+    fn into_guard(self) -> FileGuard {
         let Self { inner, guard } = self;
-        match inner.into_inner() {
-            Ok(file) => {
-                drop(file);
-                Ok(guard)
-            }
-            Err(e) => Err(SpillError::Io {
-                path: guard.path().to_owned(),
-                source: e.into_error(),
-            }),
-        }
+        drop(inner);
+        guard
     }
 }
 
@@ -116,8 +116,9 @@ fn write_all_vectored(writer: &mut impl Write, buffers: &[Buffer]) -> io::Result
 ///
 /// # Memory
 ///
-/// An open writer holds a [`crate::WRITE_BUFFER_BYTES`] buffer. While a
-/// batch is written with compression, its compressed buffers are held too.
+/// An open writer holds no buffer of its own: each batch goes to the file in
+/// one system call when it is written. While a batch is written with
+/// compression, its compressed buffers are held too.
 pub struct SpillWriter {
     encoder: StreamEncoder,
     sink: CountingWriter,
@@ -246,8 +247,8 @@ impl SpillWriter {
         self.rows
     }
 
-    /// Bytes written to the file so far (handed to the file's buffer),
-    /// including the schema message and IPC framing.
+    /// Bytes written to the file so far, including the schema message and IPC
+    /// framing.
     pub fn bytes_written(&self) -> u64 {
         self.sink.guard.bytes()
     }
@@ -282,7 +283,7 @@ impl SpillWriter {
             .finish()
             .map_err(|source| SpillError::Arrow { path, source })?;
         sink.write_message(&buffers)?;
-        let guard = sink.into_guard()?;
+        let guard = sink.into_guard();
         Ok(SpillFile::new(guard, schema, rows, batches))
     }
 

@@ -17,14 +17,18 @@
 //!
 //! **The spill trigger** is [`BuildCollector::reserve`]: a failed reservation is the
 //! only reason to spill, and the victim is the partition holding the most buffered
-//! bytes. Spilled partitions keep receiving rows, written through a small buffer.
+//! bytes. Spilled partitions keep receiving rows, buffered a batch at a time; a full
+//! buffer is taken out under the collector's lock and written after it is released
+//! (each spilled partition's writer has a lock of its own), so that under a small
+//! limit, where most rows are written, the workers do not queue behind each other's
+//! writes.
 //!
 //! Rows whose key can never match (a null key under SQL equality) are not hashed into
 //! any partition: joins that output unmatched build rows keep them aside (spilled like
 //! a partition if memory runs out), the others drop them.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
 
 use arrow_array::cast::AsArray;
 use arrow_array::types::UInt64Type;
@@ -124,12 +128,62 @@ pub(crate) struct PartitionBuffer {
     bytes: usize,
     /// Rows in the partition in all, buffered or written.
     total_rows: u64,
-    /// Set once the partition is spilled.
-    writer: Option<SpillWriter>,
+    /// Set once the partition is spilled; locked apart from the collector, so that
+    /// rows taken out of the buffers are written without holding the collector's lock.
+    writer: Option<SharedWriter>,
     bloom: Option<Bloom>,
 }
 
+/// A spilled partition's writer, shared between the collector and a worker writing
+/// rows taken out of the partition's buffers. Lock order: the collector's state
+/// first, then a writer; a worker holding a writer takes no other lock.
+type SharedWriter = Arc<Mutex<SpillWriter>>;
+
+/// A spilled partition's buffered rows, taken out under the collector's lock to be
+/// written without it ([`BuildCollector::write_unwritten`]). Their bytes stay in the
+/// collector's reservation, counted in `CollectorState::unwritten_bytes`, until they
+/// are written: a worker short of memory with nothing else to spill waits for them.
+struct Unwritten {
+    writer: SharedWriter,
+    gathered: Option<RecordBatch>,
+    fragments: Vec<(RecordBatch, Vec<u64>)>,
+    bytes: usize,
+}
+
+/// The writer of a spilled partition whose buffers are all written: no worker
+/// holds it any more.
+fn unshare(writer: SharedWriter) -> Result<SpillWriter> {
+    Arc::try_unwrap(writer)
+        .map_err(|_| JoinError::InvalidJoin("internal: a spill writer still in use".into()))?
+        .into_inner()
+        .map_err(|_| JoinError::InvalidJoin("internal: a spill writer's lock was poisoned".into()))
+}
+
 impl PartitionBuffer {
+    /// Takes a spilled partition's buffered rows out, to be written without the
+    /// collector's lock; `None` when the partition is not spilled or holds nothing.
+    fn take_unwritten(&mut self) -> Result<Option<Unwritten>> {
+        let Some(writer) = self.writer.as_ref() else {
+            return Ok(None);
+        };
+        let gathered = match self.gathered.as_mut() {
+            Some(g) if g.len() > 0 => Some(g.finish()?),
+            _ => None,
+        };
+        if gathered.is_none() && self.fragments.is_empty() {
+            return Ok(None);
+        }
+        let unwritten = Unwritten {
+            writer: Arc::clone(writer),
+            gathered,
+            fragments: std::mem::take(&mut self.fragments),
+            bytes: self.bytes,
+        };
+        self.bytes = 0;
+        self.rows = 0;
+        Ok(Some(unwritten))
+    }
+
     /// Adds rows held in `bytes` of reserved memory.
     pub fn push(&mut self, batch: RecordBatch, hashes: Vec<u64>, bytes: usize) {
         self.rows += batch.num_rows();
@@ -166,6 +220,24 @@ struct CollectorState {
     unmatchable: PartitionBuffer,
     /// Holds the bytes of every buffered fragment.
     reservation: MemoryReservation,
+    /// Bytes of rows taken out of spilled partitions and being written: still held in
+    /// `reservation`, in no partition, and given back when written.
+    unwritten_bytes: usize,
+}
+
+impl CollectorState {
+    /// Takes spilled partition `p`'s buffered rows out, to be written without the
+    /// collector's lock ([`BuildCollector::write_unwritten`]).
+    fn take_unwritten(&mut self, p: usize) -> Result<Option<Unwritten>> {
+        let unwritten = match self.partitions.get_mut(p) {
+            Some(part) => part.take_unwritten()?,
+            None => None,
+        };
+        if let Some(u) = &unwritten {
+            self.unwritten_bytes += u.bytes;
+        }
+        Ok(unwritten)
+    }
 }
 
 /// Collects the build input of one level into partitions, spilling as needed.
@@ -173,6 +245,9 @@ pub(crate) struct BuildCollector<'a> {
     ctx: &'a Ctx<'a>,
     level: Level,
     state: Mutex<CollectorState>,
+    /// Signalled when rows taken out of a spilled partition are written
+    /// (`CollectorState::unwritten_bytes` fell).
+    written: Condvar,
     base: MemoryReservation,
     spill_schema: SchemaRef,
     largest_batch_bytes: AtomicUsize,
@@ -199,7 +274,9 @@ impl<'a> BuildCollector<'a> {
                 partitions: (0..fan_out).map(|_| PartitionBuffer::default()).collect(),
                 unmatchable: PartitionBuffer::default(),
                 reservation: base.new_empty(),
+                unwritten_bytes: 0,
             }),
+            written: Condvar::new(),
             spill_schema: ctx.plan.spill_schema(true),
             widths: fixed_widths(&ctx.plan.spill_schema(true)),
             word_bounds: Mutex::new(None),
@@ -237,8 +314,8 @@ impl<'a> BuildCollector<'a> {
     /// in-memory partition (or the unmatchable rows) holding the most bytes, except
     /// `keep`. Returns false when there is nothing to free.
     fn spill_something(&self, keep: Option<&[bool]>) -> Result<bool> {
-        let mut state = lock(&self.state);
-        let state = &mut *state;
+        let mut guard = lock(&self.state);
+        let state = &mut *guard;
         let spilled_buffer = state
             .partitions
             .iter()
@@ -247,7 +324,11 @@ impl<'a> BuildCollector<'a> {
             .max_by_key(|(_, p)| p.bytes)
             .map(|(i, _)| i);
         if let Some(p) = spilled_buffer {
-            self.flush(&mut state.partitions[p], &mut state.reservation, p)?;
+            let unwritten = state.take_unwritten(p)?;
+            drop(guard);
+            if let Some(unwritten) = unwritten {
+                self.write_unwritten(unwritten)?;
+            }
             return Ok(true);
         }
         let victim = state
@@ -272,6 +353,15 @@ impl<'a> BuildCollector<'a> {
                 self.spill_unmatchable(&mut state.unmatchable, &mut state.reservation)?;
                 Ok(true)
             }
+            // Another worker is writing rows it took out of a partition: their memory
+            // comes back when it is done.
+            _ if state.unwritten_bytes > 0 => {
+                let _written = self
+                    .written
+                    .wait_while(guard, |s| s.unwritten_bytes > 0)
+                    .unwrap_or_else(|poisoned| poisoned.into_inner());
+                Ok(true)
+            }
             _ => Ok(false),
         }
     }
@@ -285,10 +375,10 @@ impl<'a> BuildCollector<'a> {
     ) -> Result<()> {
         let ctx = self.ctx;
         let label = format!("build-d{}-p{p}", self.level.depth);
-        part.writer = Some(
+        part.writer = Some(Arc::new(Mutex::new(
             ctx.spill
                 .create_writer(Arc::clone(&self.spill_schema), &label)?,
-        );
+        )));
         ctx.metrics.spill_files.fetch_add(1, Ordering::Relaxed);
         ctx.metrics
             .build_spill_files
@@ -403,9 +493,9 @@ impl<'a> BuildCollector<'a> {
         let transient = batch_bytes(&merged);
         reservation.grow(transient);
         let metrics = &self.ctx.metrics;
-        let written = match part.writer.as_mut() {
+        let written = match part.writer.as_ref() {
             Some(w) => write_counted(
-                w,
+                &mut lock(w),
                 &merged,
                 &metrics.build_rows_spilled,
                 &metrics.build_bytes_spilled,
@@ -428,19 +518,19 @@ impl<'a> BuildCollector<'a> {
         let ctx = self.ctx;
         if part.writer.is_none() {
             let label = format!("build-d{}-unmatchable", self.level.depth);
-            part.writer = Some(
+            part.writer = Some(Arc::new(Mutex::new(
                 ctx.spill
                     .create_writer(Arc::clone(&ctx.plan.build_schema), &label)?,
-            );
+            )));
             ctx.metrics.spill_files.fetch_add(1, Ordering::Relaxed);
             ctx.metrics
                 .build_spill_files
                 .fetch_add(1, Ordering::Relaxed);
         }
         for (batch, _) in std::mem::take(&mut part.fragments) {
-            if let Some(w) = part.writer.as_mut() {
+            if let Some(w) = part.writer.as_ref() {
                 write_counted(
-                    w,
+                    &mut lock(w),
                     &batch,
                     &ctx.metrics.build_rows_spilled,
                     &ctx.metrics.build_bytes_spilled,
@@ -466,8 +556,8 @@ impl<'a> BuildCollector<'a> {
         mine: &mut MemoryReservation,
     ) -> Result<()> {
         let batch_size = self.plan().work_rows;
-        let mut state = lock(&self.state);
-        let state = &mut *state;
+        let mut guard = lock(&self.state);
+        let state = &mut *guard;
         state.reservation.merge(mine.split(bytes));
         let part = match p {
             Some(p) => &mut state.partitions[p],
@@ -480,14 +570,87 @@ impl<'a> BuildCollector<'a> {
         part.total_rows += fragment.num_rows() as u64;
         part.bytes += bytes;
         part.fragments.push((fragment, hashes));
-        // A spilled partition writes its rows a batch at a time.
+        // A spilled partition writes its rows a batch at a time (partitions without
+        // the collector's lock held).
         if part.writer.is_some() && part.rows >= batch_size {
             match p {
-                Some(p) => self.flush(&mut state.partitions[p], &mut state.reservation, p)?,
+                Some(p) => {
+                    let unwritten = state.take_unwritten(p)?;
+                    drop(guard);
+                    if let Some(unwritten) = unwritten {
+                        self.write_unwritten(unwritten)?;
+                    }
+                }
                 None => self.spill_unmatchable(&mut state.unmatchable, &mut state.reservation)?,
             }
         }
         Ok(())
+    }
+
+    /// Writes rows taken out of a spilled partition ([`PartitionBuffer::take_unwritten`])
+    /// with only its writer locked, then gives their memory back.
+    fn write_unwritten(&self, unwritten: Unwritten) -> Result<()> {
+        let Unwritten {
+            writer,
+            gathered,
+            fragments,
+            bytes,
+        } = unwritten;
+        let metrics = &self.ctx.metrics;
+        let batch_size = self.plan().work_rows.max(1);
+        // Concatenating fragments makes a transient copy of about a batch: reserved
+        // (`grow`: it is made whatever the limit) while it lives.
+        let mut transient = self.base.new_empty();
+        let written = (|| -> Result<()> {
+            let mut writer = lock(&writer);
+            if let Some(batch) = gathered {
+                for slice in slices(&batch, batch_size) {
+                    write_counted(
+                        &mut writer,
+                        &slice,
+                        &metrics.build_rows_spilled,
+                        &metrics.build_bytes_spilled,
+                    )?;
+                }
+            }
+            let mut group: Vec<RecordBatch> = Vec::new();
+            let mut group_rows = 0;
+            let last = fragments.len();
+            for (i, (batch, hashes)) in fragments.into_iter().enumerate() {
+                group_rows += batch.num_rows();
+                group.push(attach_hashes(&batch, hashes, &self.spill_schema)?);
+                if group_rows >= batch_size || i + 1 == last {
+                    let merged = match group.len() {
+                        1 => group.pop(),
+                        _ => {
+                            let merged = concat_batches(&self.spill_schema, &group)?;
+                            transient.grow(batch_bytes(&merged));
+                            group.clear();
+                            Some(merged)
+                        }
+                    };
+                    if let Some(merged) = merged {
+                        write_counted(
+                            &mut writer,
+                            &merged,
+                            &metrics.build_rows_spilled,
+                            &metrics.build_bytes_spilled,
+                        )?;
+                    }
+                    transient.free();
+                    group_rows = 0;
+                }
+            }
+            Ok(())
+        })();
+        // (The writer's lock is released: the collector's may be taken.)
+        {
+            let mut state = lock(&self.state);
+            state.reservation.shrink(bytes);
+            state.unwritten_bytes -= bytes;
+        }
+        self.written.notify_all();
+        written
     }
 
     /// Reads one worker's share of the input.
@@ -663,8 +826,8 @@ impl<'a> BuildCollector<'a> {
         let hash_column = self.plan().spills_hashes().then_some(hashes);
         loop {
             let short = {
-                let mut state = lock(&self.state);
-                let state = &mut *state;
+                let mut guard = lock(&self.state);
+                let state = &mut *guard;
                 let part = &mut state.partitions[p];
                 let gathered = part
                     .gathered
@@ -682,9 +845,14 @@ impl<'a> BuildCollector<'a> {
                     if let Some(bloom) = part.bloom.as_mut() {
                         rows.iter().for_each(|&r| bloom.insert(hashes[r as usize]));
                     }
-                    // A spilled partition writes its rows a batch at a time.
+                    // A spilled partition writes its rows a batch at a time, without
+                    // the collector's lock held.
                     if part.writer.is_some() && part.rows >= batch_size {
-                        self.flush(part, &mut state.reservation, p)?;
+                        let unwritten = state.take_unwritten(p)?;
+                        drop(guard);
+                        if let Some(unwritten) = unwritten {
+                            self.write_unwritten(unwritten)?;
+                        }
                     }
                     return Ok(());
                 }
@@ -839,6 +1007,7 @@ impl<'a> BuildCollector<'a> {
                 partitions: std::mem::take(&mut state.partitions),
                 unmatchable: std::mem::take(&mut state.unmatchable),
                 reservation: state.reservation.take(),
+                unwritten_bytes: 0,
             }
         };
         let mut reservation = state.reservation;
@@ -873,7 +1042,7 @@ impl<'a> BuildCollector<'a> {
                     let file = buffer
                         .writer
                         .take()
-                        .map(|w| w.finish())
+                        .map(|w| unshare(w)?.finish().map_err(JoinError::from))
                         .transpose()?
                         .ok_or_else(|| {
                             JoinError::InvalidJoin("internal: lost a spill writer".into())
@@ -987,7 +1156,11 @@ impl<'a> BuildCollector<'a> {
             });
         }
         self.spill_unmatchable(&mut buffer, reservation)?;
-        let file = buffer.writer.take().map(|w| w.finish()).transpose()?;
+        let file = buffer
+            .writer
+            .take()
+            .map(|w| unshare(w)?.finish().map_err(JoinError::from))
+            .transpose()?;
         Ok(Unmatchable {
             batches: Vec::new(),
             file,

@@ -416,7 +416,11 @@ impl<'a> BuildCollector<'a> {
                         again.iter().for_each(|&h| bloom.insert(h));
                     }
                 }
-                self.write_slices(part, reservation, &batch)?;
+                // (Its memory is given back with the rest by `flush` below.)
+                let writer = part.writer.clone().ok_or_else(|| {
+                    JoinError::InvalidJoin("internal: a spilled partition without a writer".into())
+                })?;
+                self.write_rows(&writer, Some(batch), Vec::new(), |_| {})?;
             }
             part.bloom = Some(bloom);
         }
@@ -424,20 +428,65 @@ impl<'a> BuildCollector<'a> {
         Ok(())
     }
 
-    /// Writes a spilled partition's buffered rows to its file, in batches of about
-    /// the batch size (never one huge batch: it must be read back in little memory).
+    /// Writes a spilled partition's buffered rows to its file (see
+    /// [`write_rows`](Self::write_rows)), giving their memory back as it goes.
     fn flush(
         &self,
         part: &mut PartitionBuffer,
         reservation: &mut MemoryReservation,
         _p: usize,
     ) -> Result<()> {
-        let batch_size = self.plan().work_rows.max(1);
-        if let Some(gathered) = part.gathered.as_mut().filter(|g| g.len() > 0) {
-            let batch = gathered.finish()?;
-            self.write_slices(part, reservation, &batch)?;
-        }
+        let writer = part.writer.clone().ok_or_else(|| {
+            JoinError::InvalidJoin("internal: flushing an unspilled partition".into())
+        })?;
+        let gathered = match part.gathered.as_mut() {
+            Some(g) if g.len() > 0 => Some(g.finish()?),
+            _ => None,
+        };
         let fragments = std::mem::take(&mut part.fragments);
+        let mut held = part.bytes;
+        // Give the memory back as it is written, not after the whole partition: other
+        // workers are waiting for it.
+        let written = self.write_rows(&writer, gathered, fragments, |bytes| {
+            let freed = bytes.min(held);
+            reservation.shrink(freed);
+            held -= freed;
+        });
+        reservation.shrink(held);
+        part.bytes = 0;
+        part.rows = 0;
+        written
+    }
+
+    /// Writes a spilled partition's buffered rows with its writer locked: `gathered`
+    /// in slices of the batch size, `fragments` concatenated into batches of about the
+    /// batch size (never one huge batch: it must be read back in little memory), each
+    /// concatenation a transient copy reserved (`grow`) while it lives. Calls
+    /// `written(bytes)` with the bytes of each group of fragments once written.
+    fn write_rows(
+        &self,
+        writer: &Mutex<SpillWriter>,
+        gathered: Option<RecordBatch>,
+        fragments: Vec<(RecordBatch, Vec<u64>)>,
+        mut written: impl FnMut(usize),
+    ) -> Result<()> {
+        let metrics = &self.ctx.metrics;
+        let batch_size = self.plan().work_rows.max(1);
+        let mut writer = lock(writer);
+        let mut write = |batch: &RecordBatch| {
+            write_counted(
+                &mut writer,
+                batch,
+                &metrics.build_rows_spilled,
+                &metrics.build_bytes_spilled,
+            )
+        };
+        if let Some(batch) = gathered {
+            for slice in slices(&batch, batch_size) {
+                write(&slice)?;
+            }
+        }
+        let mut transient = self.base.new_empty();
         let mut group: Vec<RecordBatch> = Vec::new();
         let (mut group_rows, mut group_bytes) = (0, 0);
         let last = fragments.len();
@@ -446,66 +495,19 @@ impl<'a> BuildCollector<'a> {
             group_bytes += batch_bytes(&batch) + hashes.capacity() * 8;
             group.push(attach_hashes(&batch, hashes, &self.spill_schema)?);
             if group_rows >= batch_size || i + 1 == last {
-                self.write_group(part, reservation, std::mem::take(&mut group))?;
-                // Give the memory back as it is written, not after the whole
-                // partition: other workers are waiting for it.
-                let freed = group_bytes.min(part.bytes);
-                reservation.shrink(freed);
-                part.bytes -= freed;
+                if group.len() == 1 {
+                    write(&group[0])?;
+                } else {
+                    let merged = concat_batches(&self.spill_schema, &group)?;
+                    transient.grow(batch_bytes(&merged));
+                    write(&merged)?;
+                    transient.free();
+                }
+                group.clear();
+                written(group_bytes);
                 (group_rows, group_bytes) = (0, 0);
             }
         }
-        reservation.shrink(part.bytes);
-        part.bytes = 0;
-        part.rows = 0;
-        Ok(())
-    }
-
-    /// Writes gathered rows (in the spill schema already) in slices of a batch.
-    fn write_slices(
-        &self,
-        part: &mut PartitionBuffer,
-        reservation: &mut MemoryReservation,
-        batch: &RecordBatch,
-    ) -> Result<()> {
-        for slice in slices(batch, self.plan().work_rows) {
-            self.write_group(part, reservation, vec![slice])?;
-        }
-        Ok(())
-    }
-
-    /// Writes fragments as one IPC message. Concatenating costs one transient copy of
-    /// about a batch, accounted (`grow`) while it lives.
-    fn write_group(
-        &self,
-        part: &mut PartitionBuffer,
-        reservation: &mut MemoryReservation,
-        group: Vec<RecordBatch>,
-    ) -> Result<()> {
-        let merged = match group.len() {
-            0 => return Ok(()),
-            1 => group
-                .into_iter()
-                .next()
-                .ok_or_else(|| JoinError::InvalidJoin("internal".into()))?,
-            _ => concat_batches(&self.spill_schema, &group)?,
-        };
-        let transient = batch_bytes(&merged);
-        reservation.grow(transient);
-        let metrics = &self.ctx.metrics;
-        let written = match part.writer.as_ref() {
-            Some(w) => write_counted(
-                &mut lock(w),
-                &merged,
-                &metrics.build_rows_spilled,
-                &metrics.build_bytes_spilled,
-            ),
-            None => Err(JoinError::InvalidJoin(
-                "internal: flushing an unspilled partition".into(),
-            )),
-        };
-        reservation.shrink(transient);
-        written?;
         Ok(())
     }
 
@@ -596,53 +598,7 @@ impl<'a> BuildCollector<'a> {
             fragments,
             bytes,
         } = unwritten;
-        let metrics = &self.ctx.metrics;
-        let batch_size = self.plan().work_rows.max(1);
-        // Concatenating fragments makes a transient copy of about a batch: reserved
-        // (`grow`: it is made whatever the limit) while it lives.
-        let mut transient = self.base.new_empty();
-        let written = (|| -> Result<()> {
-            let mut writer = lock(&writer);
-            if let Some(batch) = gathered {
-                for slice in slices(&batch, batch_size) {
-                    write_counted(
-                        &mut writer,
-                        &slice,
-                        &metrics.build_rows_spilled,
-                        &metrics.build_bytes_spilled,
-                    )?;
-                }
-            }
-            let mut group: Vec<RecordBatch> = Vec::new();
-            let mut group_rows = 0;
-            let last = fragments.len();
-            for (i, (batch, hashes)) in fragments.into_iter().enumerate() {
-                group_rows += batch.num_rows();
-                group.push(attach_hashes(&batch, hashes, &self.spill_schema)?);
-                if group_rows >= batch_size || i + 1 == last {
-                    let merged = match group.len() {
-                        1 => group.pop(),
-                        _ => {
-                            let merged = concat_batches(&self.spill_schema, &group)?;
-                            transient.grow(batch_bytes(&merged));
-                            group.clear();
-                            Some(merged)
-                        }
-                    };
-                    if let Some(merged) = merged {
-                        write_counted(
-                            &mut writer,
-                            &merged,
-                            &metrics.build_rows_spilled,
-                            &metrics.build_bytes_spilled,
-                        )?;
-                    }
-                    transient.free();
-                    group_rows = 0;
-                }
-            }
-            Ok(())
-        })();
+        let written = self.write_rows(&writer, gathered, fragments, |_| {});
         // (The writer's lock is released: the collector's may be taken.)
         {
             let mut state = lock(&self.state);

@@ -647,10 +647,13 @@ fn join_pair(
 /// The radix bits of the level below for a spilled pair: [`SUB_LEVEL_BITS`], or, when
 /// the pair's build side clearly fits in the memory left (its file bytes, twice over
 /// for the table and the build's transient copies, in half of what is free), only
-/// enough partitions for every thread to build a table: more would cut every batch
-/// into more, smaller fragments for nothing (SF10 orders ⋈ lineitem at a 50% limit:
-/// 16 sub-partitions of ~500 rows per batch). Should the estimate be wrong, the level
-/// below spills and splits again like any other.
+/// enough partitions for every thread to build a table — one for a pair joined on one
+/// thread (side by side, or `--threads 1`): more would cut every batch into more,
+/// smaller fragments and probe two tables for nothing (SF10 orders ⋈ lineitem at a
+/// 50% limit: 16 sub-partitions of ~500 rows per batch; at 25%, one table per
+/// side-by-side pair instead of two: spilled-pairs phase 0.82–0.95 → 0.71–0.81 s).
+/// Should the estimate be wrong, the level below spills: with one partition it cannot
+/// split, and the pair is joined in chunks ([`fallback`]).
 fn sub_level_bits(plan: &JoinPlan, build_file: &SpillFile) -> u32 {
     let limit = plan.pool.limit().bytes();
     let free = limit.saturating_sub(plan.pool.reserved());
@@ -658,7 +661,7 @@ fn sub_level_bits(plan: &JoinPlan, build_file: &SpillFile) -> u32 {
         .unwrap_or(usize::MAX)
         .saturating_mul(2);
     if need <= free / 2 {
-        plan.threads.max(2).next_power_of_two().ilog2()
+        plan.threads.max(1).next_power_of_two().ilog2()
     } else {
         SUB_LEVEL_BITS
     }

@@ -223,6 +223,9 @@ struct CollectorState {
     /// Bytes of rows taken out of spilled partitions and being written: still held in
     /// `reservation`, in no partition, and given back when written.
     unwritten_bytes: usize,
+    /// How many such writes have ended (a worker waiting for memory waits for the
+    /// next, not for all: others may keep taking rows out meanwhile).
+    writes_ended: u64,
 }
 
 impl CollectorState {
@@ -246,7 +249,7 @@ pub(crate) struct BuildCollector<'a> {
     level: Level,
     state: Mutex<CollectorState>,
     /// Signalled when rows taken out of a spilled partition are written
-    /// (`CollectorState::unwritten_bytes` fell).
+    /// (`CollectorState::writes_ended` grew).
     written: Condvar,
     base: MemoryReservation,
     spill_schema: SchemaRef,
@@ -275,6 +278,7 @@ impl<'a> BuildCollector<'a> {
                 unmatchable: PartitionBuffer::default(),
                 reservation: base.new_empty(),
                 unwritten_bytes: 0,
+                writes_ended: 0,
             }),
             written: Condvar::new(),
             spill_schema: ctx.plan.spill_schema(true),
@@ -356,9 +360,10 @@ impl<'a> BuildCollector<'a> {
             // Another worker is writing rows it took out of a partition: their memory
             // comes back when it is done.
             _ if state.unwritten_bytes > 0 => {
+                let seen = state.writes_ended;
                 let _written = self
                     .written
-                    .wait_while(guard, |s| s.unwritten_bytes > 0)
+                    .wait_while(guard, |s| s.writes_ended == seen)
                     .unwrap_or_else(|poisoned| poisoned.into_inner());
                 Ok(true)
             }
@@ -604,6 +609,7 @@ impl<'a> BuildCollector<'a> {
             let mut state = lock(&self.state);
             state.reservation.shrink(bytes);
             state.unwritten_bytes -= bytes;
+            state.writes_ended += 1;
         }
         self.written.notify_all();
         written
@@ -964,6 +970,7 @@ impl<'a> BuildCollector<'a> {
                 unmatchable: std::mem::take(&mut state.unmatchable),
                 reservation: state.reservation.take(),
                 unwritten_bytes: 0,
+                writes_ended: 0,
             }
         };
         let mut reservation = state.reservation;

@@ -28,7 +28,7 @@
 //! a partition if memory runs out), the others drop them.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 
 use arrow_array::cast::AsArray;
 use arrow_array::types::UInt64Type;
@@ -150,13 +150,16 @@ struct Unwritten {
     bytes: usize,
 }
 
-/// The writer of a spilled partition whose buffers are all written: no worker
-/// holds it any more.
-fn unshare(writer: SharedWriter) -> Result<SpillWriter> {
-    Arc::try_unwrap(writer)
+/// Closes the file of a spilled partition whose buffers are all written: no worker
+/// holds its writer any more.
+fn finish_shared(writer: SharedWriter) -> Result<SpillFile> {
+    let writer = Arc::try_unwrap(writer)
         .map_err(|_| JoinError::InvalidJoin("internal: a spill writer still in use".into()))?
         .into_inner()
-        .map_err(|_| JoinError::InvalidJoin("internal: a spill writer's lock was poisoned".into()))
+        .map_err(|_| {
+            JoinError::InvalidJoin("internal: a spill writer's lock was poisoned".into())
+        })?;
+    Ok(writer.finish()?)
 }
 
 impl PartitionBuffer {
@@ -328,11 +331,7 @@ impl<'a> BuildCollector<'a> {
             .max_by_key(|(_, p)| p.bytes)
             .map(|(i, _)| i);
         if let Some(p) = spilled_buffer {
-            let unwritten = state.take_unwritten(p)?;
-            drop(guard);
-            if let Some(unwritten) = unwritten {
-                self.write_unwritten(unwritten)?;
-            }
+            self.write_out(guard, p)?;
             return Ok(true);
         }
         let victim = state
@@ -429,27 +428,28 @@ impl<'a> BuildCollector<'a> {
             }
             part.bloom = Some(bloom);
         }
-        self.flush(part, reservation, p)?;
+        self.flush(part, reservation)?;
         Ok(())
     }
 
     /// Writes a spilled partition's buffered rows to its file (see
     /// [`write_rows`](Self::write_rows)), giving their memory back as it goes.
-    fn flush(
-        &self,
-        part: &mut PartitionBuffer,
-        reservation: &mut MemoryReservation,
-        _p: usize,
-    ) -> Result<()> {
-        let writer = part.writer.clone().ok_or_else(|| {
-            JoinError::InvalidJoin("internal: flushing an unspilled partition".into())
-        })?;
-        let gathered = match part.gathered.as_mut() {
-            Some(g) if g.len() > 0 => Some(g.finish()?),
-            _ => None,
+    fn flush(&self, part: &mut PartitionBuffer, reservation: &mut MemoryReservation) -> Result<()> {
+        if part.writer.is_none() {
+            return Err(JoinError::InvalidJoin(
+                "internal: flushing an unspilled partition".into(),
+            ));
+        }
+        let Some(Unwritten {
+            writer,
+            gathered,
+            fragments,
+            bytes: mut held,
+        }) = part.take_unwritten()?
+        else {
+            reservation.shrink(std::mem::take(&mut part.bytes));
+            return Ok(());
         };
-        let fragments = std::mem::take(&mut part.fragments);
-        let mut held = part.bytes;
         // Give the memory back as it is written, not after the whole partition: other
         // workers are waiting for it.
         let written = self.write_rows(&writer, gathered, fragments, |bytes| {
@@ -458,8 +458,6 @@ impl<'a> BuildCollector<'a> {
             held -= freed;
         });
         reservation.shrink(held);
-        part.bytes = 0;
-        part.rows = 0;
         written
     }
 
@@ -581,17 +579,19 @@ impl<'a> BuildCollector<'a> {
         // the collector's lock held).
         if part.writer.is_some() && part.rows >= batch_size {
             match p {
-                Some(p) => {
-                    let unwritten = state.take_unwritten(p)?;
-                    drop(guard);
-                    if let Some(unwritten) = unwritten {
-                        self.write_unwritten(unwritten)?;
-                    }
-                }
+                Some(p) => self.write_out(guard, p)?,
                 None => self.spill_unmatchable(&mut state.unmatchable, &mut state.reservation)?,
             }
         }
         Ok(())
+    }
+
+    /// Takes spilled partition `p`'s buffered rows out under `guard` and writes them
+    /// once it is released ([`write_unwritten`](Self::write_unwritten)).
+    fn write_out(&self, mut guard: MutexGuard<'_, CollectorState>, p: usize) -> Result<()> {
+        let unwritten = guard.take_unwritten(p)?;
+        drop(guard);
+        unwritten.map_or(Ok(()), |u| self.write_unwritten(u))
     }
 
     /// Writes rows taken out of a spilled partition ([`PartitionBuffer::take_unwritten`])
@@ -810,11 +810,7 @@ impl<'a> BuildCollector<'a> {
                     // A spilled partition writes its rows a batch at a time, without
                     // the collector's lock held.
                     if part.writer.is_some() && part.rows >= batch_size {
-                        let unwritten = state.take_unwritten(p)?;
-                        drop(guard);
-                        if let Some(unwritten) = unwritten {
-                            self.write_unwritten(unwritten)?;
-                        }
+                        self.write_out(guard, p)?;
                     }
                     return Ok(());
                 }
@@ -1000,12 +996,12 @@ impl<'a> BuildCollector<'a> {
                     buffer.writer = Some(writer);
                     {
                         let mut res = lock(&reservation);
-                        self.flush(&mut buffer, &mut res, p)?;
+                        self.flush(&mut buffer, &mut res)?;
                     }
                     let file = buffer
                         .writer
                         .take()
-                        .map(|w| unshare(w)?.finish().map_err(JoinError::from))
+                        .map(finish_shared)
                         .transpose()?
                         .ok_or_else(|| {
                             JoinError::InvalidJoin("internal: lost a spill writer".into())
@@ -1119,11 +1115,7 @@ impl<'a> BuildCollector<'a> {
             });
         }
         self.spill_unmatchable(&mut buffer, reservation)?;
-        let file = buffer
-            .writer
-            .take()
-            .map(|w| unshare(w)?.finish().map_err(JoinError::from))
-            .transpose()?;
+        let file = buffer.writer.take().map(finish_shared).transpose()?;
         Ok(Unmatchable {
             batches: Vec::new(),
             file,

@@ -1340,7 +1340,8 @@ pub(crate) fn finish_partition(
         .collect::<Result<Vec<_>>>()?;
     let keys = plan.keys.keys_of(key_columns.clone())?;
     // Dense one-word keys without nulls index the table by key (no hashes needed),
-    // where that takes no more than the hashed table reserved for it: the probe's
+    // where that takes no more than the hashed table reserved for it; evenly spread
+    // ones bucket it by value (never more than a hashed table). The probe's
     // headroom is no longer held here, so nothing more is reserved. Without `index`,
     // an empty table until the shared index replaces it.
     let rows = batch.num_rows();
@@ -1352,7 +1353,8 @@ pub(crate) fn finish_partition(
             .filter(|&(_, span)| {
                 ChainedTable::direct_size_for(span, rows) <= ChainedTable::size_for(rows)
             })
-            .map(|(min, span)| ChainedTable::build_direct(words, min, span)),
+            .map(|(min, span)| ChainedTable::build_direct(words, min, span))
+            .or_else(|| ChainedTable::build_ranged(words)),
         _ => None,
     };
     let (table, hashes) = match keyed {

@@ -498,9 +498,9 @@ impl PreparedBuild {
                     .is_some_and(|(m, _)| m.may_contain(hash)),
                 // No filter (memory refused it) and no hashes kept (word keys):
                 // maybe.
-                // (A key-indexed table is looked up by key, not hash: maybe.)
+                // (A table looked up by key, not hash: maybe.)
                 Partition::InMemory(part)
-                    if part.table.is_direct() || part.hashes.len() != part.batch.num_rows() =>
+                    if part.table.by_key() || part.hashes.len() != part.batch.num_rows() =>
                 {
                     true
                 }

@@ -733,9 +733,11 @@ impl<'a> Prober<'a> {
         let mut firsts = std::mem::take(&mut self.firsts);
         // A key-indexed table (dense keys) is looked up by the key itself, and its
         // chains hold only that key: no key is compared where keys are plain words.
+        // A table bucketed by key value is looked up by the key too; its chains hold
+        // neighbouring keys, compared as in a hashed table.
         let direct = part.table.is_direct();
         let skip_eq = direct && E::EXACT_IN_DIRECT;
-        if direct {
+        if part.table.by_key() {
             if !E::WORDS {
                 self.grouped.rows = rows;
                 self.firsts = firsts;
@@ -744,10 +746,17 @@ impl<'a> Prober<'a> {
                 ));
             }
             firsts.clear();
-            firsts.extend(rows[range.clone()].iter().map(|&r| {
-                eq.probe_word(r as usize)
-                    .map_or(0, |word| part.table.first_direct(word))
-            }));
+            if direct {
+                firsts.extend(rows[range.clone()].iter().map(|&r| {
+                    eq.probe_word(r as usize)
+                        .map_or(0, |word| part.table.first_direct(word))
+                }));
+            } else {
+                firsts.extend(rows[range.clone()].iter().map(|&r| {
+                    eq.probe_word(r as usize)
+                        .map_or(0, |word| part.table.first_ranged(word))
+                }));
+            }
         } else {
             part.table.first_entries(
                 rows[range.clone()].iter().map(|&r| self.hashes[r as usize]),

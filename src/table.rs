@@ -19,6 +19,18 @@
 //! a chain, so a lookup compares no key, and a bucket whose chain holds one row says
 //! so (its top bit clear), so the walk reads no link either. Same arrays, no more
 //! memory.
+//!
+//! **Clustered keys.** One-word keys too spread out for that are still bucketed by
+//! value where their values spread evenly: bucket `(key - min) >> shift`, the
+//! smallest shift that fits the span into a hashed table's buckets
+//! ([`ChainedTable::build_ranged`]). Chains then hold nearby keys, compared as in a
+//! hashed table; what this buys is locality. Where build and probe come in key order
+//! (a fact table sorted by the key it joins on: `lineitem` by order key), successive
+//! lookups read neighbouring buckets and rows instead of one cache miss each — the
+//! partitions of a hash-partitioned build, whose keys span the whole column, get the
+//! locality the key index gives an unpartitioned one. Keys that bunch up (chains
+//! longer than [`RANGED_MAX_CHAIN`], or [`RANGED_MAX_MEAN_WALK`] rows walked on
+//! average) are hashed instead.
 
 /// Buckets per build row, rounded up to a power of two: a load factor of at most 0.5
 /// keeps chains short for unique keys (measured in `benches/kernels.rs`, "probe").
@@ -38,7 +50,21 @@ pub struct ChainedTable {
     /// For a key-indexed table, the smallest key: bucket `key - min` holds the chain
     /// of `key`, with [`MORE`] set when it has more than one row.
     direct_min: Option<u64>,
+    /// For a table bucketed by key value, the smallest key and the shift: bucket
+    /// `(key - min) >> shift` holds the chain of `key` (and of its neighbours).
+    ranged: Option<(u64, u32)>,
 }
+
+/// The longest chain a table bucketed by key value may have
+/// ([`ChainedTable::build_ranged`]); a hashed table of unique keys at a load factor of
+/// 0.5 rarely has chains of more than 10.
+pub const RANGED_MAX_CHAIN: u32 = 64;
+
+/// The most rows a lookup of a build row's key may walk on average in a table bucketed
+/// by key value (the sum of its chains' squared lengths over its rows): 1.25 in a
+/// hashed table of unique keys at a load factor of 0.5, 1.5 for the keys of one
+/// partition of a dense column.
+pub const RANGED_MAX_MEAN_WALK: f64 = 3.0;
 
 use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -86,6 +112,82 @@ impl ChainedTable {
             buckets: Arc::new(buckets),
             next,
             direct_min: None,
+            ranged: None,
+        }
+    }
+
+    /// A table of one-word keys bucketed by value ([`ChainedTable`], "clustered
+    /// keys"), if their values spread evenly enough: no chain longer than
+    /// [`RANGED_MAX_CHAIN`] and at most [`RANGED_MAX_MEAN_WALK`] rows walked on
+    /// average. Every row is inserted: rows whose key can never match must not be in
+    /// `words`. It holds at most [`size_for`](Self::size_for) bytes.
+    pub fn build_ranged(words: &[u64]) -> Option<Self> {
+        if words.is_empty() || words.len() > MAX_TABLE_ROWS {
+            return None;
+        }
+        let (min, max) = word_range(words.iter().copied())?;
+        let span = max - min;
+        let limit = Self::bucket_count(words.len()) as u64;
+        // The smallest shift that fits the span into `limit` buckets.
+        let shift = (0..64u32).find(|&s| (span >> s) < limit).unwrap_or(63);
+        let mut buckets = vec![0u32; usize::try_from(span >> shift).ok()? + 1];
+        // First count each chain's rows, to judge the spread before linking.
+        let mut walk = 0u64;
+        for &word in words {
+            let count = &mut buckets[((word - min) >> shift) as usize];
+            if *count == RANGED_MAX_CHAIN {
+                return None;
+            }
+            // (c + 1)² - c² = 2c + 1: the sum of squared chain lengths so far.
+            walk += 2 * u64::from(*count) + 1;
+            *count += 1;
+        }
+        if walk as f64 > RANGED_MAX_MEAN_WALK * words.len() as f64 {
+            return None;
+        }
+        buckets.fill(0);
+        let mut next = vec![0u32; words.len()];
+        for (row, &word) in words.iter().enumerate() {
+            let bucket = &mut buckets[((word - min) >> shift) as usize];
+            next[row] = *bucket;
+            *bucket = row as u32 + 1;
+        }
+        Some(Self {
+            mask: 0,
+            buckets: Arc::new(buckets),
+            next,
+            direct_min: None,
+            ranged: Some((min, shift)),
+        })
+    }
+
+    /// Whether the table is bucketed by key value
+    /// ([`build_ranged`](Self::build_ranged)): look up with
+    /// [`first_ranged`](Self::first_ranged), and compare keys along the chain.
+    #[inline(always)]
+    pub fn is_ranged(&self) -> bool {
+        self.ranged.is_some()
+    }
+
+    /// Whether the table is looked up by key rather than by hash (key-indexed or
+    /// bucketed by key value).
+    #[inline(always)]
+    pub fn by_key(&self) -> bool {
+        self.direct_min.is_some() || self.ranged.is_some()
+    }
+
+    /// In a table bucketed by key value, the first entry of the chain holding `word`'s
+    /// rows, if any, among others (0 when none).
+    #[inline(always)]
+    pub fn first_ranged(&self, word: u64) -> u32 {
+        let (min, shift) = self.ranged.unwrap_or((0, 0));
+        match word.checked_sub(min).map(|offset| offset >> shift) {
+            Some(i) => usize::try_from(i)
+                .ok()
+                .and_then(|i| self.buckets.get(i))
+                .copied()
+                .unwrap_or(0),
+            None => 0,
         }
     }
 
@@ -115,6 +217,7 @@ impl ChainedTable {
             buckets: Arc::new(buckets),
             next,
             direct_min: Some(min),
+            ranged: None,
         }
     }
 
@@ -168,6 +271,7 @@ impl ChainedTable {
                 buckets: Arc::clone(&buckets),
                 next: next.into_inner().unwrap_or_else(|e| e.into_inner()),
                 direct_min: Some(min),
+                ranged: None,
             })
             .collect()
     }
@@ -200,7 +304,7 @@ impl ChainedTable {
     }
 
     /// The first row of the chain for `hash` (1-based; 0 when empty). Not for
-    /// key-indexed tables.
+    /// tables looked up by key ([`by_key`](Self::by_key)).
     #[inline(always)]
     pub fn first(&self, hash: u64) -> u32 {
         self.buckets[(hash & self.mask) as usize]
@@ -442,6 +546,66 @@ mod tests {
         // Spread-out keys are hashed instead.
         assert!(ChainedTable::direct_span(&[1, 1 << 40]).is_none());
         assert!(ChainedTable::direct_span(&[]).is_none());
+        Ok(())
+    }
+
+    /// The rows of a table bucketed by key value whose key is `word`, sorted.
+    fn ranged_rows(table: &ChainedTable, words: &[u64], word: u64) -> Vec<usize> {
+        let mut found = vec![];
+        table.for_each_candidate_from(table.first_ranged(word), 0, &[], false, |row| {
+            if words[row] == word {
+                found.push(row);
+            }
+            ControlFlow::Continue(())
+        });
+        found.sort();
+        found
+    }
+
+    #[test]
+    fn a_table_bucketed_by_value_finds_every_row_of_a_key() -> Result<(), &'static str> {
+        // Every fourth key of a wide range, some twice: too sparse for a key index.
+        let mut words: Vec<u64> = (0..1000u64).map(|i| 1_000_000 + i * 4096).collect();
+        words.extend([1_000_000, 1_000_000 + 4096 * 500]);
+        assert!(ChainedTable::direct_span(&words).is_none());
+        let table = ChainedTable::build_ranged(&words).ok_or("not spread evenly")?;
+        assert!(table.is_ranged() && table.by_key() && !table.is_direct());
+        assert!(table.size() <= ChainedTable::size_for(words.len()));
+        assert_eq!(ranged_rows(&table, &words, 1_000_000), [0, 1000]);
+        assert_eq!(
+            ranged_rows(&table, &words, 1_000_000 + 4096 * 500),
+            [500, 1001]
+        );
+        for i in [1u64, 999] {
+            assert_eq!(
+                ranged_rows(&table, &words, 1_000_000 + i * 4096),
+                [i as usize]
+            );
+        }
+        for absent in [0, 999_999, 1_000_001, 1_000_000 + 4096 * 1000, u64::MAX] {
+            assert!(ranged_rows(&table, &words, absent).is_empty(), "{absent}");
+        }
+        // The whole u64 range, evenly spread: the top bits bucket it.
+        let spread: Vec<u64> = (0..4096u64)
+            .map(|i| i.wrapping_mul(0x9E37_79B9_7F4A_7C15))
+            .chain([0, u64::MAX])
+            .collect();
+        let table = ChainedTable::build_ranged(&spread).ok_or("not spread evenly")?;
+        for (row, &word) in spread.iter().enumerate() {
+            assert!(ranged_rows(&table, &spread, word).contains(&row));
+        }
+        // Keys that bunch up are refused: a cluster next to one far-away key, or
+        // one key repeated more than a chain may hold.
+        let mut bunched: Vec<u64> = (0..1000u64).collect();
+        bunched.push(1 << 40);
+        assert!(ChainedTable::build_ranged(&bunched).is_none());
+        let mut hot = vec![7u64; RANGED_MAX_CHAIN as usize + 1];
+        hot.extend(0..10_000u64);
+        assert!(ChainedTable::build_ranged(&hot).is_none());
+        assert!(ChainedTable::build_ranged(&[]).is_none());
+        // One key, or two: spans of 0 and 1.
+        assert!(ChainedTable::build_ranged(&[5]).is_some());
+        assert!(ChainedTable::build_ranged(&[5, 6]).is_some());
         Ok(())
     }
 

@@ -83,11 +83,15 @@ impl Values {
         }
     }
 
-    /// The bytes this buffer may hold in memory once `more` bytes are added.
-    fn resident_after(&self, more: usize) -> usize {
+    /// The bytes this buffer may hold in memory once `more` bytes are added, if its
+    /// first allocation takes at least `first` bytes ([`extend`](Self::extend)).
+    fn resident_after(&self, more: usize, first: usize) -> usize {
         let need = self.len() + more;
         match self {
             Values::Heap(buffer) if need <= buffer.capacity() => buffer.capacity(),
+            Values::Heap(buffer) if buffer.capacity() == 0 && need <= MAP_MIN_BYTES => {
+                need.max(first.min(MAP_MIN_BYTES)).next_multiple_of(64)
+            }
             #[cfg(target_os = "linux")]
             Values::Heap(_) if need > MAP_MIN_BYTES => need.next_multiple_of(HUGE_PAGE_BYTES),
             // MutableBuffer rounds to 64 bytes and at least doubles.
@@ -97,13 +101,21 @@ impl Values {
         }
     }
 
-    /// The next `n` bytes, counted in the length: the caller writes every one.
+    /// The next `n` bytes, counted in the length: the caller writes every one. A
+    /// buffer's first allocation takes at least `first` bytes (up to
+    /// [`MAP_MIN_BYTES`]): one that grows from nothing by doubling copies all it holds
+    /// once more, in a dozen allocations.
     ///
     /// # Errors
     /// [`JoinError::Io`] if the memory map cannot be made or grown.
-    fn extend(&mut self, n: usize) -> Result<&mut [u8]> {
+    fn extend(&mut self, n: usize, first: usize) -> Result<&mut [u8]> {
         let start = self.len();
         let need = start + n;
+        if let Values::Heap(buffer) = self {
+            if buffer.capacity() == 0 && need <= MAP_MIN_BYTES {
+                buffer.reserve(need.max(first.min(MAP_MIN_BYTES)));
+            }
+        }
         #[cfg(target_os = "linux")]
         if let Values::Heap(buffer) = self {
             if need > MAP_MIN_BYTES {
@@ -185,6 +197,8 @@ pub(crate) struct FixedRows {
     schema: SchemaRef,
     columns: Vec<Column>,
     len: usize,
+    /// The rows the buffers are first allocated for ([`FixedRows::expect_rows`]).
+    expected_rows: usize,
 }
 
 impl FixedRows {
@@ -205,7 +219,15 @@ impl FixedRows {
             schema,
             columns,
             len: 0,
+            expected_rows: 0,
         }
+    }
+
+    /// Allocates the buffers, when they are next empty, for `rows` rows at once (the
+    /// rows a batch that was written when full held), rather than growing them from
+    /// nothing; [`capacity_after`](Self::capacity_after) counts that.
+    pub fn expect_rows(&mut self, rows: usize) {
+        self.expected_rows = rows;
     }
 
     /// Rows held.
@@ -222,7 +244,8 @@ impl FixedRows {
         self.columns
             .iter()
             .map(|c| {
-                c.values.resident_after(more * c.width)
+                c.values
+                    .resident_after(more * c.width, self.expected_rows * c.width)
                     // A validity buffer, if the column has one or may get one.
                     + if c.validity.is_some() || c.nullable {
                         rows.div_ceil(8) * 2 + 64
@@ -262,7 +285,9 @@ impl FixedRows {
             ));
         }
         if let (Some(hashes), Some(column)) = (hashes, self.columns.last_mut()) {
-            let out = column.values.extend(rows.len() * 8)?;
+            let out = column
+                .values
+                .extend(rows.len() * 8, self.expected_rows * 8)?;
             for (to, &r) in out.chunks_exact_mut(8).zip(rows) {
                 to.copy_from_slice(&hashes[r as usize].to_le_bytes());
             }
@@ -270,6 +295,7 @@ impl FixedRows {
                 validity.append_n(rows.len(), true);
             }
         }
+        let expected_rows = self.expected_rows;
         for (column, data) in self.columns.iter_mut().zip(columns) {
             let width = column.width;
             let values = data
@@ -283,7 +309,9 @@ impl FixedRows {
                 .ok_or_else(|| {
                     JoinError::InvalidJoin("internal: a column shorter than its length".into())
                 })?;
-            let out = column.values.extend(rows.len() * width)?;
+            let out = column
+                .values
+                .extend(rows.len() * width, expected_rows * width)?;
             // Fixed-size copies for the common widths: a copy of a length known only
             // at run time is a call to memmove per value.
             match width {
@@ -474,6 +502,51 @@ mod tests {
         // The batch outlives the gatherer, which starts over empty.
         drop(rows);
         assert_eq!(got.num_rows(), want_a.len());
+        Ok(())
+    }
+
+    #[test]
+    fn buffers_expecting_rows_are_allocated_once_as_counted() -> TestResult {
+        let schema: SchemaRef = Arc::new(Schema::new(vec![
+            Field::new("a", DataType::Int64, true),
+            Field::new("h", DataType::UInt64, false),
+        ]));
+        let a: Int64Array = (0..1000i64).map(|v| (v % 5 != 0).then_some(v)).collect();
+        let hashes: Vec<u64> = (0..1000u64).map(|v| v * 3).collect();
+        let mut rows = FixedRows::new(Arc::clone(&schema), &[8, 8]);
+        rows.expect_rows(3000);
+        // Counted before anything is allocated: both value buffers at 3000 rows, and
+        // the nullable column's validity.
+        let said = rows.capacity_after(100);
+        assert!(said >= 2 * 3000 * 8, "{said}");
+        let mut sizes = vec![];
+        for chunk in 0..30u32 {
+            let picked: Vec<u32> = (chunk * 10..chunk * 10 + 100).collect();
+            let before = rows.capacity_after(picked.len());
+            rows.append(&[a.to_data()], &picked, Some(&hashes))?;
+            assert!(rows.capacity_after(0) <= before, "grew past what it said");
+            sizes.push(rows.capacity_after(0));
+        }
+        // 3000 rows in: the values never grew past their first allocation (what
+        // grows is the validity's count, a quarter byte a row); from nothing, by
+        // doubling, they would have reached 32 KiB each.
+        let validity = |rows: usize| rows.div_ceil(8) * 2 + 64;
+        for (chunk, &size) in sizes.iter().enumerate() {
+            assert_eq!(
+                size - validity((chunk + 1) * 100),
+                2 * 3000 * 8,
+                "{sizes:?}"
+            );
+        }
+        let got = rows.finish()?;
+        assert_eq!(got.num_rows(), 3000);
+        let column = got
+            .column(0)
+            .as_any()
+            .downcast_ref::<Int64Array>()
+            .ok_or("not int64")?;
+        assert_eq!(column.value(1), a.value(1));
+        assert!(column.is_null(0));
         Ok(())
     }
 

@@ -562,10 +562,18 @@ impl<'a> Prober<'a> {
         let skip_lookup = resolved == BuildJoinType::ProbeNotIn
             && (self.built.num_rows == 0 || self.built.has_null_key);
         if !skip_lookup {
+            // One partition whose table is looked up by key (a spilled pair joined
+            // whole): no hash is ever read.
+            let unhashed = self.bits.fan_out() == 1
+                && matches!(&self.built.partitions[..], [Partition::InMemory(part)] if part.table.by_key());
             match stored_hashes {
                 Some(stored) => {
                     self.hashes.clear();
                     self.hashes.extend_from_slice(stored);
+                }
+                None if unhashed => {
+                    self.hashes.clear();
+                    self.hashes.resize(n, 0);
                 }
                 None => hash_keys(&keys.columns, n, &mut self.hashes)?,
             }

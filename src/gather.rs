@@ -55,6 +55,16 @@ fn gather_fixed<const W: usize>(out: &mut [u8], source: &[u8], rows: &[u32]) {
     }
 }
 
+/// `value`'s first bytes as an array of `B` (the same when `A == B`, what every
+/// caller passes: a generic width matched against a literal one).
+#[inline(always)]
+fn resize<const A: usize, const B: usize>(value: [u8; A]) -> [u8; B] {
+    let mut out = [0u8; B];
+    let n = A.min(B);
+    out[..n].copy_from_slice(&value[..n]);
+    out
+}
+
 /// The smallest values buffer kept in an anonymous memory map rather than on the
 /// heap (Linux): below it, a buffer that doubles copies little.
 pub(crate) const MAP_MIN_BYTES: usize = 4 << 20;
@@ -111,6 +121,70 @@ impl Values {
     fn extend(&mut self, n: usize, first: usize) -> Result<&mut [u8]> {
         let start = self.len();
         let need = start + n;
+        self.make_room(n, first)?;
+        match self {
+            Values::Heap(buffer) => {
+                buffer.extend_zeros(n);
+                Ok(&mut buffer.as_slice_mut()[start..need])
+            }
+            #[cfg(target_os = "linux")]
+            Values::Mapped { map, len } => {
+                *len = need;
+                Ok(&mut map[start..need])
+            }
+        }
+    }
+
+    /// Appends the `W`-byte values at `rows` of `source` (rows are checked to be in
+    /// `source`), allocating as [`extend`](Self::extend) does. On the heap the values
+    /// are written straight into the buffer's spare capacity, not over zeros written
+    /// first (a memory map is zeroed by the kernel anyway).
+    ///
+    /// # Errors
+    /// [`JoinError::Io`] if the memory map cannot be made or grown.
+    fn gather<const W: usize>(&mut self, source: &[u8], rows: &[u32], first: usize) -> Result<()> {
+        self.make_room(rows.len() * W, first)?;
+        let value = |r: &u32| -> [u8; W] {
+            let at = *r as usize * W;
+            source
+                .get(at..at + W)
+                .and_then(|v| v.try_into().ok())
+                .unwrap_or([0; W])
+        };
+        match self {
+            // Through the widths' native types: `MutableBuffer::extend` writes into
+            // reserved capacity in a tight loop.
+            Values::Heap(buffer) => match W {
+                1 => buffer.extend(rows.iter().map(|r| value(r)[0])),
+                2 => buffer.extend(rows.iter().map(|r| u16::from_ne_bytes(resize(value(r))))),
+                4 => buffer.extend(rows.iter().map(|r| u32::from_ne_bytes(resize(value(r))))),
+                8 => buffer.extend(rows.iter().map(|r| u64::from_ne_bytes(resize(value(r))))),
+                16 => buffer.extend(rows.iter().map(|r| i128::from_ne_bytes(resize(value(r))))),
+                _ => {
+                    for r in rows {
+                        buffer.extend_from_slice(&value(r));
+                    }
+                }
+            },
+            #[cfg(target_os = "linux")]
+            Values::Mapped { map, len } => {
+                let start = *len;
+                *len += rows.len() * W;
+                gather_fixed::<W>(&mut map[start..*len], source, rows);
+            }
+        }
+        Ok(())
+    }
+
+    /// Makes room for `n` more bytes: a heap buffer's first allocation takes at least
+    /// `first` bytes (up to [`MAP_MIN_BYTES`]); past that size the values move to a
+    /// memory map, which grows in huge pages.
+    ///
+    /// # Errors
+    /// [`JoinError::Io`] if the memory map cannot be made or grown.
+    fn make_room(&mut self, n: usize, first: usize) -> Result<()> {
+        let start = self.len();
+        let need = start + n;
         if let Values::Heap(buffer) = self {
             if buffer.capacity() == 0 && need <= MAP_MIN_BYTES {
                 buffer.reserve(need.max(first.min(MAP_MIN_BYTES)));
@@ -133,11 +207,11 @@ impl Values {
         }
         match self {
             Values::Heap(buffer) => {
-                buffer.extend_zeros(n);
-                Ok(&mut buffer.as_slice_mut()[start..need])
+                buffer.reserve(n);
+                Ok(())
             }
             #[cfg(target_os = "linux")]
-            Values::Mapped { map, len } => {
+            Values::Mapped { map, .. } => {
                 if need > map.len() {
                     let capacity = need
                         .max(map.len() / 2 * 3)
@@ -148,8 +222,7 @@ impl Values {
                     unsafe { map.remap(capacity, memmap2::RemapOptions::new().may_move(true)) }
                         .map_err(map_error)?;
                 }
-                *len = need;
-                Ok(&mut map[start..need])
+                Ok(())
             }
         }
     }
@@ -285,12 +358,10 @@ impl FixedRows {
             ));
         }
         if let (Some(hashes), Some(column)) = (hashes, self.columns.last_mut()) {
-            let out = column
+            use arrow_buffer::ToByteSlice;
+            column
                 .values
-                .extend(rows.len() * 8, self.expected_rows * 8)?;
-            for (to, &r) in out.chunks_exact_mut(8).zip(rows) {
-                to.copy_from_slice(&hashes[r as usize].to_le_bytes());
-            }
+                .gather::<8>(hashes.to_byte_slice(), rows, self.expected_rows * 8)?;
             if let Some(validity) = column.validity.as_mut() {
                 validity.append_n(rows.len(), true);
             }
@@ -309,19 +380,18 @@ impl FixedRows {
                 .ok_or_else(|| {
                     JoinError::InvalidJoin("internal: a column shorter than its length".into())
                 })?;
-            let out = column
-                .values
-                .extend(rows.len() * width, expected_rows * width)?;
+            let first = expected_rows * width;
             // Fixed-size copies for the common widths: a copy of a length known only
             // at run time is a call to memmove per value.
             match width {
-                1 => gather_fixed::<1>(out, source, rows),
-                2 => gather_fixed::<2>(out, source, rows),
-                4 => gather_fixed::<4>(out, source, rows),
-                8 => gather_fixed::<8>(out, source, rows),
-                16 => gather_fixed::<16>(out, source, rows),
-                32 => gather_fixed::<32>(out, source, rows),
+                1 => column.values.gather::<1>(source, rows, first)?,
+                2 => column.values.gather::<2>(source, rows, first)?,
+                4 => column.values.gather::<4>(source, rows, first)?,
+                8 => column.values.gather::<8>(source, rows, first)?,
+                16 => column.values.gather::<16>(source, rows, first)?,
+                32 => column.values.gather::<32>(source, rows, first)?,
                 _ => {
+                    let out = column.values.extend(rows.len() * width, first)?;
                     for (to, &r) in out.chunks_exact_mut(width).zip(rows) {
                         let at = r as usize * width;
                         if let Some(value) = source.get(at..at + width) {

@@ -168,8 +168,10 @@ impl PartitionBuffer {
     ///
     /// The buffers that gather the next rows are allocated for as many rows as were
     /// taken, up to `batch_rows` (a partition is written when it holds that many):
-    /// grown from nothing by doubling, they copied everything once more (at SF10
-    /// orders' 25% limit, `MutableBuffer::reallocate` took 12% of the build's CPU).
+    /// grown from nothing by doubling, they would copy what they hold once more in a
+    /// dozen allocations for every batch written. (What `MutableBuffer::reallocate`
+    /// still costs at SF10 orders' 25% limit, ~10% of the build's CPU, is the growth
+    /// of partitions not yet spilled.)
     fn take_unwritten(&mut self, batch_rows: usize) -> Result<Option<Unwritten>> {
         let Some(writer) = self.writer.as_ref() else {
             return Ok(None);

@@ -161,20 +161,32 @@ pub(crate) fn pieces<'a>(
     })
 }
 
-/// Writes `batch` to a spill file and adds its rows and the bytes written to the two
-/// counters (the build's or the probe's).
+/// Writes `batch` to a spill file and adds its rows, the bytes written and one batch
+/// to `counters` (the build's or the probe's).
 ///
 /// # Errors
 /// The writer's error (disk full, quota reached).
 pub(crate) fn write_counted(
     writer: &mut SpillWriter,
     batch: &RecordBatch,
-    rows_counter: &AtomicU64,
-    bytes_counter: &AtomicU64,
+    counters: &SpillCounters<'_>,
 ) -> Result<()> {
     let before = writer.bytes_written();
     writer.write(batch)?;
-    bytes_counter.fetch_add(writer.bytes_written() - before, Ordering::Relaxed);
-    rows_counter.fetch_add(batch.num_rows() as u64, Ordering::Relaxed);
+    counters
+        .bytes
+        .fetch_add(writer.bytes_written() - before, Ordering::Relaxed);
+    counters
+        .rows
+        .fetch_add(batch.num_rows() as u64, Ordering::Relaxed);
+    counters.batches.fetch_add(1, Ordering::Relaxed);
     Ok(())
+}
+
+/// What writes to one side's spill files add to: its rows, bytes and batches
+/// ([`crate::exec::SharedMetrics::spill_counters`]).
+pub(crate) struct SpillCounters<'a> {
+    pub rows: &'a AtomicU64,
+    pub bytes: &'a AtomicU64,
+    pub batches: &'a AtomicU64,
 }

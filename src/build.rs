@@ -512,17 +512,10 @@ impl<'a> BuildCollector<'a> {
         fragments: Vec<(RecordBatch, Vec<u64>)>,
         mut written: impl FnMut(usize),
     ) -> Result<()> {
-        let metrics = &self.ctx.metrics;
+        let counters = self.ctx.metrics.spill_counters(true);
         let batch_size = self.plan().work_rows.max(1);
         let mut writer = lock(writer);
-        let mut write = |batch: &RecordBatch| {
-            write_counted(
-                &mut writer,
-                batch,
-                &metrics.build_rows_spilled,
-                &metrics.build_bytes_spilled,
-            )
-        };
+        let mut write = |batch: &RecordBatch| write_counted(&mut writer, batch, &counters);
         if let Some(batch) = gathered {
             for slice in slices(&batch, batch_size) {
                 write(&slice)?;
@@ -573,12 +566,7 @@ impl<'a> BuildCollector<'a> {
         }
         for (batch, _) in std::mem::take(&mut part.fragments) {
             if let Some(w) = part.writer.as_ref() {
-                write_counted(
-                    &mut lock(w),
-                    &batch,
-                    &ctx.metrics.build_rows_spilled,
-                    &ctx.metrics.build_bytes_spilled,
-                )?;
+                write_counted(&mut lock(w), &batch, &ctx.metrics.spill_counters(true))?;
             }
         }
         reservation.shrink(part.bytes);

@@ -78,6 +78,8 @@ pub(crate) struct SharedMetrics {
     pub build_bytes_spilled: AtomicU64,
     pub probe_rows_spilled: AtomicU64,
     pub probe_bytes_spilled: AtomicU64,
+    pub build_batches_spilled: AtomicU64,
+    pub probe_batches_spilled: AtomicU64,
     pub probe_rows_skipped: AtomicU64,
     pub spill_files: AtomicU64,
     pub build_spill_files: AtomicU64,
@@ -91,6 +93,24 @@ pub(crate) struct SharedMetrics {
 }
 
 impl SharedMetrics {
+    /// The counters that writes to the build's (`build`) or the probe's spill files
+    /// add to.
+    pub fn spill_counters(&self, build: bool) -> crate::batches::SpillCounters<'_> {
+        if build {
+            crate::batches::SpillCounters {
+                rows: &self.build_rows_spilled,
+                bytes: &self.build_bytes_spilled,
+                batches: &self.build_batches_spilled,
+            }
+        } else {
+            crate::batches::SpillCounters {
+                rows: &self.probe_rows_spilled,
+                bytes: &self.probe_bytes_spilled,
+                batches: &self.probe_batches_spilled,
+            }
+        }
+    }
+
     pub fn set_phase(&self, phase: JoinPhase) {
         self.phase.store(phase as u8, Ordering::Relaxed);
     }
@@ -808,18 +828,11 @@ fn split_hot_key(
 fn split_file(ctx: &Ctx<'_>, file: &SpillFile, build: bool, hot: u64) -> Result<[SpillFile; 2]> {
     let plan = ctx.plan;
     let side = if build { "build" } else { "probe" };
-    let (rows_counter, bytes_counter, files_counter) = if build {
-        (
-            &ctx.metrics.build_rows_spilled,
-            &ctx.metrics.build_bytes_spilled,
-            &ctx.metrics.build_spill_files,
-        )
+    let counters = ctx.metrics.spill_counters(build);
+    let files_counter = if build {
+        &ctx.metrics.build_spill_files
     } else {
-        (
-            &ctx.metrics.probe_rows_spilled,
-            &ctx.metrics.probe_bytes_spilled,
-            &ctx.metrics.probe_spill_files,
-        )
+        &ctx.metrics.probe_spill_files
     };
     let schema = plan.spill_schema(build);
     let mut writers = [
@@ -846,7 +859,7 @@ fn split_file(ctx: &Ctx<'_>, file: &SpillFile, build: bool, hot: u64) -> Result<
         for (writer, mask) in writers.iter_mut().zip([&is_hot, &is_cold]) {
             let part = arrow_select::filter::filter_record_batch(&batch, mask)?;
             if part.num_rows() > 0 {
-                write_counted(writer, &part, rows_counter, bytes_counter)?;
+                write_counted(writer, &part, &counters)?;
             }
         }
     }

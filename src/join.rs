@@ -506,6 +506,8 @@ pub(crate) fn snapshot(m: &SharedMetrics, reserved_bytes: u64) -> JoinMetrics {
             build_bytes_spilled: m.build_bytes_spilled.load(Ordering::Relaxed),
             probe_rows_spilled: m.probe_rows_spilled.load(Ordering::Relaxed),
             probe_bytes_spilled: m.probe_bytes_spilled.load(Ordering::Relaxed),
+            build_batches_spilled: m.build_batches_spilled.load(Ordering::Relaxed),
+            probe_batches_spilled: m.probe_batches_spilled.load(Ordering::Relaxed),
             probe_rows_skipped: m.probe_rows_skipped.load(Ordering::Relaxed),
             spill_files: m.spill_files.load(Ordering::Relaxed),
             build_spill_files: m.build_spill_files.load(Ordering::Relaxed),
@@ -578,6 +580,11 @@ pub struct JoinMetrics {
     pub probe_rows_spilled: u64,
     /// Bytes of probe spill files written (at every level).
     pub probe_bytes_spilled: u64,
+    /// Batches (IPC messages, one write each) of build spill files written (at every
+    /// level): rows per batch tell how well writes were buffered.
+    pub build_batches_spilled: u64,
+    /// Batches of probe spill files written (at every level).
+    pub probe_batches_spilled: u64,
     /// Probe rows of spilled partitions that the bloom filters showed could not match,
     /// so they were never written.
     pub probe_rows_skipped: u64,

@@ -389,12 +389,7 @@ impl ProbeState {
             .writer
             .as_mut()
             .ok_or_else(|| JoinError::InvalidJoin("internal: no writer".into()))?;
-        write_counted(
-            writer,
-            &merged,
-            &ctx.metrics.probe_rows_spilled,
-            &ctx.metrics.probe_bytes_spilled,
-        )?;
+        write_counted(writer, &merged, &ctx.metrics.spill_counters(false))?;
         spill.rows = 0;
         spill.reservation.free();
         Ok(())

@@ -109,3 +109,52 @@ fn a_selective_bloom_filter_keeps_probe_rows_off_disk() {
     assert!(m.probe_rows_skipped > 380_000, "{m:?}");
     assert!(m.probe_rows_spilled < 20_000, "{m:?}");
 }
+
+/// Under a small limit, spilled partitions' build rows are written in batches of
+/// many rows, not drained a few rows at a time whenever memory runs short while
+/// other partitions are still in memory (each batch is one IPC message and one
+/// write).
+#[test]
+fn spilled_build_rows_are_not_written_a_few_at_a_time() {
+    const BUILD_ROWS: i64 = 2_000_000;
+    let batches = |prefix: &str, rows: i64| -> Vec<Result<RecordBatch, ArrowError>> {
+        (0..rows / 8192 + 1)
+            .map(|i| {
+                let range = (i * 8192).min(rows)..((i + 1) * 8192).min(rows);
+                let a: Int64Array = range.clone().collect();
+                let b: Int64Array = range.map(|v| v * 7).collect();
+                Ok(RecordBatch::try_from_iter(vec![
+                    (format!("{prefix}a"), Arc::new(a) as ArrayRef),
+                    (format!("{prefix}b"), Arc::new(b) as ArrayRef),
+                ])
+                .unwrap())
+            })
+            .collect()
+    };
+    let root = tempfile::tempdir().unwrap();
+    let spill = SpillManager::new(SpillConfig::default().with_root_dir(root.path())).unwrap();
+    let (probe, build) = (batches("l", BUILD_ROWS), batches("r", BUILD_ROWS));
+    let schema = |b: &[Result<RecordBatch, ArrowError>]| b[0].as_ref().unwrap().schema();
+    // 32 MB of build rows in 128 partitions under 4 MiB.
+    let pool = spilljoin::memory::GreedyMemoryPool::new(4 << 20);
+    let mut stream = HashJoinBuilder::new(schema(&probe), schema(&build), [("la", "ra")])
+        .with_memory_pool(Arc::new(pool))
+        .with_spill_manager(spill)
+        .with_partition_bits(7)
+        .with_threads(1)
+        .build()
+        .unwrap()
+        .execute(probe, build)
+        .unwrap();
+    let rows: usize = stream.by_ref().map(|b| b.unwrap().num_rows()).sum();
+    assert_eq!(rows, BUILD_ROWS as usize);
+    let m = stream.metrics();
+    assert!(m.build_rows_spilled > BUILD_ROWS as u64 / 2, "{m:?}");
+    let per_batch = m.build_rows_spilled / m.build_batches_spilled.max(1);
+    // Drained at every shortage, they were written 128 rows at a time (15,039
+    // batches); filled to a budget first, ~750 (2,623 batches).
+    assert!(
+        per_batch >= 512,
+        "{per_batch} rows a build batch written: {m:?}"
+    );
+}

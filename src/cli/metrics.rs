@@ -113,11 +113,13 @@ pub fn report(plan: &Plan, m: &JoinMetrics, reads: &Reads, outcome: &Outcome) ->
             "rows": m.build_rows,
             "rows_spilled": m.build_rows_spilled,
             "bytes_spilled": m.build_bytes_spilled,
+            "batches_spilled": m.build_batches_spilled,
         },
         "probe": {
             "rows": m.probe_rows,
             "rows_spilled": m.probe_rows_spilled,
             "bytes_spilled": m.probe_bytes_spilled,
+            "batches_spilled": m.probe_batches_spilled,
             "rows_skipped_by_bloom": m.probe_rows_skipped,
         },
         "spill": {
@@ -159,6 +161,8 @@ pub fn report(plan: &Plan, m: &JoinMetrics, reads: &Reads, outcome: &Outcome) ->
         "build_bytes_spilled": m.build_bytes_spilled,
         "probe_rows_spilled": m.probe_rows_spilled,
         "probe_bytes_spilled": m.probe_bytes_spilled,
+        "build_batches_spilled": m.build_batches_spilled,
+        "probe_batches_spilled": m.probe_batches_spilled,
         "probe_rows_skipped_by_bloom": m.probe_rows_skipped,
         "spill_files": m.spill_files,
         "partitions_spilled": m.partitions_spilled,

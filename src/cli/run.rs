@@ -412,11 +412,13 @@ fn summary(
     }
     if m.spill_files > 0 {
         eprintln!(
-            "spilled: build {} rows ({}), probe {} rows ({}) in {} files; {} partitions, depth {}, {} fallbacks; {} probe rows skipped by bloom filters; spilled pairs took {:.3} s",
+            "spilled: build {} rows ({}, {} writes), probe {} rows ({}, {} writes) in {} files; {} partitions, depth {}, {} fallbacks; {} probe rows skipped by bloom filters; spilled pairs took {:.3} s",
             m.build_rows_spilled,
             human_bytes(m.build_bytes_spilled),
+            m.build_batches_spilled,
             m.probe_rows_spilled,
             human_bytes(m.probe_bytes_spilled),
+            m.probe_batches_spilled,
             m.spill_files,
             m.partitions_spilled,
             m.max_depth,

@@ -281,6 +281,64 @@ fn kernels(c: &mut Criterion) {
             ChainedTable::build_direct(&dense, min, span)
         })
     });
+    // Keys as one partition of a hash-partitioned dense column holds them: every
+    // 64th value of a wide range on average, in key order (TPC-H's `lineitem` and
+    // `orders` by order key), looked up in key order 4 times each.
+    let mut sparse: Vec<u64> = (0..M as u64)
+        .map(|i| i * 64 + r.random_range(0..64u64))
+        .collect();
+    sparse.sort_unstable();
+    let probes: Vec<u64> = sparse.iter().flat_map(|&k| [k; 4]).collect();
+    group.bench_function("table build 1M sparse (value-bucketed)", |b| {
+        b.iter(|| ChainedTable::build_ranged(black_box(&sparse)).expect("evenly spread keys"))
+    });
+    let ranged = ChainedTable::build_ranged(&sparse).expect("evenly spread keys");
+    let mut sparse_hashes = Vec::with_capacity(M);
+    let sparse_column: ArrayRef = Arc::new(UInt64Array::from(sparse.clone()));
+    hash_keys(&[sparse_column], M, &mut sparse_hashes).expect("hashable");
+    let hashed = ChainedTable::build(&sparse_hashes, |_| true);
+    let probe_column: ArrayRef = Arc::new(UInt64Array::from(probes.clone()));
+    let mut probe_hashes = Vec::with_capacity(probes.len());
+    hash_keys(&[probe_column], probes.len(), &mut probe_hashes).expect("hashable");
+    // Matches found, walking chains and comparing keys as the probe does.
+    let count = |table: &ChainedTable, first: &dyn Fn(usize) -> u32| {
+        let mut found = 0usize;
+        for (i, &key) in probes.iter().enumerate() {
+            table.for_each_candidate_from(first(i), 0, &[], false, |row| {
+                found += usize::from(sparse[row] == key);
+                std::ops::ControlFlow::Continue(())
+            });
+        }
+        found
+    };
+    group.throughput(Throughput::Elements(probes.len() as u64));
+    group.bench_function("lookup 4M in key order, sparse keys: value-bucketed", |b| {
+        b.iter(|| black_box(count(&ranged, &|i| ranged.first_ranged(probes[i]))))
+    });
+    group.bench_function("lookup 4M in key order, sparse keys: hashed", |b| {
+        b.iter(|| black_box(count(&hashed, &|i| hashed.first(probe_hashes[i]))))
+    });
+    // The same lookups in random order: no locality for either table.
+    let mut order: Vec<usize> = (0..probes.len()).collect();
+    order.shuffle(&mut r);
+    let shuffled_count = |table: &ChainedTable, first: &dyn Fn(usize) -> u32| {
+        let mut found = 0usize;
+        for &i in &order {
+            table.for_each_candidate_from(first(i), 0, &[], false, |row| {
+                found += usize::from(sparse[row] == probes[i]);
+                std::ops::ControlFlow::Continue(())
+            });
+        }
+        found
+    };
+    group.bench_function(
+        "lookup 4M in random order, sparse keys: value-bucketed",
+        |b| b.iter(|| black_box(shuffled_count(&ranged, &|i| ranged.first_ranged(probes[i])))),
+    );
+    group.bench_function("lookup 4M in random order, sparse keys: hashed", |b| {
+        b.iter(|| black_box(shuffled_count(&hashed, &|i| hashed.first(probe_hashes[i]))))
+    });
+    group.throughput(Throughput::Elements(M as u64));
     let mut grouped = PartitionedRows::default();
     group.bench_function("partition group 1M 16-way", |b| {
         b.iter(|| {

@@ -14,10 +14,17 @@ const ROWS: i64 = 20_000;
 
 /// `ROWS` rows of two Int64 columns named `{prefix}a` and `{prefix}b`, no nulls.
 fn input(prefix: &str) -> Vec<Result<RecordBatch, ArrowError>> {
-    (0..ROWS / 1000)
+    input_of(prefix, ROWS, 1000)
+}
+
+/// `rows` rows (`a` counts from 0, `b = 7a`) of two Int64 columns named `{prefix}a`
+/// and `{prefix}b`, in batches of `batch_rows`.
+fn input_of(prefix: &str, rows: i64, batch_rows: i64) -> Vec<Result<RecordBatch, ArrowError>> {
+    (0..(rows + batch_rows - 1) / batch_rows)
         .map(|i| {
-            let a: Int64Array = (i * 1000..(i + 1) * 1000).collect();
-            let b: Int64Array = (i * 1000..(i + 1) * 1000).map(|v| v * 7).collect();
+            let range = i * batch_rows..((i + 1) * batch_rows).min(rows);
+            let a: Int64Array = range.clone().collect();
+            let b: Int64Array = range.map(|v| v * 7).collect();
             Ok(RecordBatch::try_from_iter(vec![
                 (format!("{prefix}a"), Arc::new(a) as ArrayRef),
                 (format!("{prefix}b"), Arc::new(b) as ArrayRef),
@@ -117,23 +124,12 @@ fn a_selective_bloom_filter_keeps_probe_rows_off_disk() {
 #[test]
 fn spilled_build_rows_are_not_written_a_few_at_a_time() {
     const BUILD_ROWS: i64 = 2_000_000;
-    let batches = |prefix: &str, rows: i64| -> Vec<Result<RecordBatch, ArrowError>> {
-        (0..rows / 8192 + 1)
-            .map(|i| {
-                let range = (i * 8192).min(rows)..((i + 1) * 8192).min(rows);
-                let a: Int64Array = range.clone().collect();
-                let b: Int64Array = range.map(|v| v * 7).collect();
-                Ok(RecordBatch::try_from_iter(vec![
-                    (format!("{prefix}a"), Arc::new(a) as ArrayRef),
-                    (format!("{prefix}b"), Arc::new(b) as ArrayRef),
-                ])
-                .unwrap())
-            })
-            .collect()
-    };
     let root = tempfile::tempdir().unwrap();
     let spill = SpillManager::new(SpillConfig::default().with_root_dir(root.path())).unwrap();
-    let (probe, build) = (batches("l", BUILD_ROWS), batches("r", BUILD_ROWS));
+    let (probe, build) = (
+        input_of("l", BUILD_ROWS, 8192),
+        input_of("r", BUILD_ROWS, 8192),
+    );
     let schema = |b: &[Result<RecordBatch, ArrowError>]| b[0].as_ref().unwrap().schema();
     // 32 MB of build rows in 128 partitions under 4 MiB.
     let pool = spilljoin::memory::GreedyMemoryPool::new(4 << 20);

@@ -1167,10 +1167,10 @@ fn finish_bytes(plan: &JoinPlan, part: &PartitionBuffer) -> usize {
     keys + ChainedTable::size_for(rows)
 }
 
-/// The bytes a probe row takes in a probe spill buffer: its spill schema's fixed
-/// widths, or a guess of 32 where some column is variable-width.
+/// The bytes a probe row takes in a probe spill buffer: the fixed widths of its spill
+/// files' schema (decimals narrowed), or a guess of 32 where some column is variable-width.
 fn probe_spill_row_bytes(plan: &JoinPlan) -> usize {
-    crate::gather::fixed_widths(&plan.spill_schema(false))
+    crate::gather::fixed_widths(&spilljoin_spill::file_schema(&plan.spill_schema(false)))
         .map_or(32, |widths| widths.iter().sum::<usize>())
 }
 

@@ -176,6 +176,29 @@ impl Values {
         Ok(())
     }
 
+    /// Appends the 16-byte decimals at `rows` of `source` as 8-byte integers (each
+    /// checked to fit by the caller; one that does not would be cut), allocating as
+    /// [`extend`](Self::extend) does.
+    ///
+    /// # Errors
+    /// [`JoinError::Io`] if the memory map cannot be made or grown.
+    fn gather_narrowed(&mut self, source: &[u8], rows: &[u32], first: usize) -> Result<()> {
+        self.make_room(rows.len() * 8, first)?;
+        let value = |r: &u32| decimal_at(source, *r) as i64;
+        match self {
+            Values::Heap(buffer) => buffer.extend(rows.iter().map(value)),
+            #[cfg(target_os = "linux")]
+            Values::Mapped { map, len } => {
+                let start = *len;
+                *len += rows.len() * 8;
+                for (to, r) in map[start..*len].chunks_exact_mut(8).zip(rows) {
+                    to.copy_from_slice(&value(r).to_ne_bytes());
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// Makes room for `n` more bytes: a heap buffer's first allocation takes at least
     /// `first` bytes (up to [`MAP_MIN_BYTES`]); past that size the values move to a
     /// memory map, which grows in huge pages.
@@ -258,10 +281,45 @@ fn map_error(source: std::io::Error) -> JoinError {
 #[derive(Debug)]
 struct Column {
     width: usize,
+    /// A decimal of at most 18 digits gathered as the `Int64` its spill file holds
+    /// ([`spilljoin_spill::file_schema`]): read from 16-byte values, written as 8.
+    narrowed: bool,
     values: Values,
     validity: Option<BooleanBufferBuilder>,
     /// Whether the column may get a validity buffer (its field is nullable).
     nullable: bool,
+}
+
+impl Column {
+    /// Appends the validity of rows `rows` of `data` to a column holding `len` rows:
+    /// a validity buffer appears with the first null.
+    fn append_validity(&mut self, data: &ArrayData, rows: &[u32], len: usize) {
+        match (data.nulls(), self.validity.as_mut()) {
+            (Some(nulls), _) if nulls.null_count() > 0 => {
+                let validity = self.validity.get_or_insert_with(|| {
+                    let mut all_valid = BooleanBufferBuilder::new(len + rows.len());
+                    all_valid.append_n(len, true);
+                    all_valid
+                });
+                for &r in rows {
+                    validity.append(nulls.is_valid(r as usize));
+                }
+            }
+            (_, Some(validity)) => validity.append_n(rows.len(), true),
+            _ => {}
+        }
+    }
+}
+
+/// The 16-byte decimal at row `r` of `source` (0 past its end; rows are checked to be
+/// in it).
+#[inline(always)]
+fn decimal_at(source: &[u8], r: u32) -> i128 {
+    let at = r as usize * 16;
+    source
+        .get(at..at + 16)
+        .and_then(|v| v.try_into().ok())
+        .map_or(0, i128::from_ne_bytes)
 }
 
 /// Rows of a schema whose columns all have a fixed width, gathered from many batches.
@@ -283,6 +341,8 @@ impl FixedRows {
             .zip(schema.fields())
             .map(|(&width, field)| Column {
                 width,
+                narrowed: field.data_type() == &DataType::Int64
+                    && field.metadata().contains_key(spilljoin_spill::NARROWED_KEY),
                 values: Values::Heap(MutableBuffer::new(0)),
                 validity: None,
                 nullable: field.is_nullable(),
@@ -350,8 +410,12 @@ impl FixedRows {
             && rows.iter().all(|&r| (r as usize) < num_rows)
             && columns
                 .iter()
+                .zip(&self.columns)
                 .zip(self.schema.fields())
-                .all(|(c, f)| c.data_type() == f.data_type());
+                .all(|((c, column), f)| {
+                    c.data_type() == f.data_type()
+                        || (column.narrowed && matches!(c.data_type(), DataType::Decimal128(..)))
+                });
         if !fits {
             return Err(JoinError::InvalidJoin(
                 "internal: gathering rows of another schema or past its end".into(),
@@ -366,21 +430,54 @@ impl FixedRows {
                 validity.append_n(rows.len(), true);
             }
         }
+        // The source bytes of each column (a narrowed decimal's are 16 a value).
+        let sources = columns
+            .iter()
+            .zip(&self.columns)
+            .map(|(data, column)| {
+                let width = if column.narrowed { 16 } else { column.width };
+                let values = data
+                    .buffers()
+                    .first()
+                    .map(|b| b.as_slice())
+                    .unwrap_or_default();
+                let start = data.offset() * width;
+                values
+                    .get(start..start + data.len() * width)
+                    .ok_or_else(|| {
+                        JoinError::InvalidJoin("internal: a column shorter than its length".into())
+                    })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        // A decimal that does not fit in 64 bits (arrow does not enforce a decimal's
+        // precision on its values) is refused before anything is appended, as the
+        // spill writer refuses it.
+        for ((column, &source), field) in
+            self.columns.iter().zip(&sources).zip(self.schema.fields())
+        {
+            if !column.narrowed {
+                continue;
+            }
+            if let Some(v) = rows
+                .iter()
+                .map(|&r| decimal_at(source, r))
+                .find(|&v| i64::try_from(v).is_err())
+            {
+                return Err(JoinError::InvalidJoin(format!(
+                    "decimal value {v} of column {} exceeds its precision",
+                    field.name()
+                )));
+            }
+        }
         let expected_rows = self.expected_rows;
-        for (column, data) in self.columns.iter_mut().zip(columns) {
+        for ((column, data), source) in self.columns.iter_mut().zip(columns).zip(sources) {
             let width = column.width;
-            let values = data
-                .buffers()
-                .first()
-                .map(|b| b.as_slice())
-                .unwrap_or_default();
-            let start = data.offset() * width;
-            let source = values
-                .get(start..start + data.len() * width)
-                .ok_or_else(|| {
-                    JoinError::InvalidJoin("internal: a column shorter than its length".into())
-                })?;
             let first = expected_rows * width;
+            if column.narrowed {
+                column.values.gather_narrowed(source, rows, first)?;
+                column.append_validity(data, rows, self.len);
+                continue;
+            }
             // Fixed-size copies for the common widths: a copy of a length known only
             // at run time is a call to memmove per value.
             match width {
@@ -400,20 +497,7 @@ impl FixedRows {
                     }
                 }
             }
-            match (data.nulls(), column.validity.as_mut()) {
-                (Some(nulls), _) if nulls.null_count() > 0 => {
-                    let validity = column.validity.get_or_insert_with(|| {
-                        let mut all_valid = BooleanBufferBuilder::new(self.len + rows.len());
-                        all_valid.append_n(self.len, true);
-                        all_valid
-                    });
-                    for &r in rows {
-                        validity.append(nulls.is_valid(r as usize));
-                    }
-                }
-                (_, Some(validity)) => validity.append_n(rows.len(), true),
-                _ => {}
-            }
+            column.append_validity(data, rows, self.len);
         }
         self.len += rows.len();
         Ok(())
@@ -617,6 +701,43 @@ mod tests {
             .ok_or("not int64")?;
         assert_eq!(column.value(1), a.value(1));
         assert!(column.is_null(0));
+        Ok(())
+    }
+
+    #[test]
+    fn decimals_gather_narrowed_into_a_spill_file_schema() -> TestResult {
+        let logical: SchemaRef = Arc::new(Schema::new(vec![
+            Field::new("k", DataType::Int64, false),
+            Field::new("d", DataType::Decimal128(15, 2), true),
+        ]));
+        let schema = spilljoin_spill::file_schema(&logical);
+        let widths = fixed_widths(&schema).ok_or("not fixed width")?;
+        assert_eq!(widths, vec![8, 8]);
+        let k = Int64Array::from(vec![10, 20, 30, 40]);
+        let d = Decimal128Array::from(vec![Some(-5), None, Some(999_999_999_999_999), Some(7)])
+            .with_precision_and_scale(15, 2)?;
+        let mut rows = FixedRows::new(Arc::clone(&schema), &widths);
+        rows.append(&[k.to_data(), d.to_data()], &[3, 1, 0, 2], None)?;
+        // A value past 64 bits (arrow does not enforce precision) is refused, and
+        // nothing of the rows is appended.
+        let too_big = Decimal128Array::from(vec![Some(1), Some(i128::from(i64::MAX) + 1)])
+            .with_precision_and_scale(15, 2)?;
+        let k2 = Int64Array::from(vec![1, 2]);
+        assert!(rows
+            .append(&[k2.to_data(), too_big.to_data()], &[0, 1], None)
+            .is_err());
+        assert_eq!(rows.len(), 4);
+        let got = rows.finish()?;
+        assert_eq!(got.schema(), schema);
+        let narrow = got
+            .column(1)
+            .as_any()
+            .downcast_ref::<Int64Array>()
+            .ok_or("not narrowed")?;
+        assert_eq!(
+            narrow.iter().collect::<Vec<_>>(),
+            vec![Some(7), None, Some(-5), Some(999_999_999_999_999)]
+        );
         Ok(())
     }
 

@@ -107,7 +107,12 @@ pub(crate) struct ProbeState {
     /// Per partition: where probe rows of spilled partitions go.
     spills: Vec<Option<Mutex<ProbeSpill>>>,
     spill_schema: SchemaRef,
-    /// The spill schema's column widths, when all are fixed ([`crate::gather`]).
+    /// The schema its files hold ([`spilljoin_spill::file_schema`]: decimals of at
+    /// most 18 digits as `Int64`), in which fixed-width rows are gathered: narrowed
+    /// once, as they are copied, rather than copied wide and narrowed again by the
+    /// writer.
+    gather_schema: SchemaRef,
+    /// The gather schema's column widths, when all are fixed ([`crate::gather`]).
     fixed_widths: Option<Vec<usize>>,
     _reservation: MemoryReservation,
 }
@@ -164,7 +169,8 @@ impl ProbeState {
             probe_has_null: AtomicBool::new(facts.probe_has_null),
             spills,
             spill_schema: plan.spill_schema(false),
-            fixed_widths: fixed_widths(&plan.spill_schema(false)),
+            gather_schema: spilljoin_spill::file_schema(&plan.spill_schema(false)),
+            fixed_widths: fixed_widths(&spilljoin_spill::file_schema(&plan.spill_schema(false))),
             _reservation: reservation,
         })
     }
@@ -281,7 +287,7 @@ impl ProbeState {
         let reserve = |spill: &mut ProbeSpill| -> Result<(), spilljoin_memory::MemoryError> {
             let rows_now = spill
                 .gathered
-                .get_or_insert_with(|| FixedRows::new(Arc::clone(&self.spill_schema), widths));
+                .get_or_insert_with(|| FixedRows::new(Arc::clone(&self.gather_schema), widths));
             let need = rows_now.capacity_after(rows.len());
             let held = spill.reservation.size();
             spill.reservation.try_grow(need.saturating_sub(held))

@@ -114,7 +114,7 @@ mod error;
 mod file;
 mod manager;
 mod message;
-mod narrow;
+pub(crate) mod narrow;
 mod quota;
 mod reader;
 mod writer;
@@ -123,6 +123,7 @@ pub use config::{ParseSpillOptionError, SpillCompression, SpillConfig, SpillRead
 pub use error::SpillError;
 pub use file::SpillFile;
 pub use manager::{SpillManager, SpillMetrics};
+pub use narrow::{file_schema, NARROWED_KEY};
 pub use reader::{read_spill_file, SpillReader, UNTRUSTED_DECODED_BYTES_MAX};
 pub use writer::SpillWriter;
 

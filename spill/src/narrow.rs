@@ -21,8 +21,9 @@ use arrow_schema::{ArrowError, DataType, Field, Schema, SchemaRef};
 pub const NARROWED_KEY: &str = "spilljoin.spill.decimal128";
 
 /// The schema a file of batches of `logical` is written in (`logical` itself when
-/// nothing narrows).
-pub(crate) fn file_schema(logical: &SchemaRef) -> SchemaRef {
+/// nothing narrows): a writer also takes batches already in it
+/// ([`crate::SpillWriter::write`]), gathered narrow by the caller.
+pub fn file_schema(logical: &SchemaRef) -> SchemaRef {
     if !logical.fields().iter().any(|f| narrows(f.data_type())) {
         return Arc::clone(logical);
     }

@@ -186,12 +186,16 @@ impl SpillWriter {
     }
 
     /// Appends one batch. Empty batches are written too (as zero-row
-    /// messages) and read back.
+    /// messages) and read back. A batch may also come in the file's schema
+    /// ([`crate::file_schema`] of the writer's: decimals of at most 18 digits as
+    /// `Int64`), gathered narrow by the caller; it is written as it is, and read
+    /// back in the writer's schema like any other.
     ///
     /// # Errors
     ///
     /// [`SpillError::SchemaMismatch`] if the batch's schema is not equal to
-    /// the writer's (field names, types, nullability and metadata all count);
+    /// the writer's or its file schema (field names, types, nullability and
+    /// metadata all count);
     /// nothing is written and the writer stays usable.
     /// [`SpillError::QuotaExceeded`] if the encoded batch does not fit in the
     /// quota (nothing of it is written), [`SpillError::Io`] if writing failed,
@@ -200,7 +204,13 @@ impl SpillWriter {
     pub fn write(&mut self, batch: &RecordBatch) -> Result<(), SpillError> {
         self.check_usable()?;
         let found = batch.schema_ref();
-        if !std::sync::Arc::ptr_eq(found, &self.schema) && **found != *self.schema {
+        // Already in the file's schema (narrowed by the caller): written as it is.
+        let in_file_schema = !std::sync::Arc::ptr_eq(&self.file_schema, &self.schema)
+            && (std::sync::Arc::ptr_eq(found, &self.file_schema) || **found == *self.file_schema);
+        if !in_file_schema
+            && !std::sync::Arc::ptr_eq(found, &self.schema)
+            && **found != *self.schema
+        {
             return Err(SpillError::SchemaMismatch {
                 path: self.path.clone(),
                 expected: self.schema.clone(),
@@ -208,7 +218,7 @@ impl SpillWriter {
             });
         }
         let narrowed;
-        let batch = if std::sync::Arc::ptr_eq(&self.file_schema, &self.schema) {
+        let batch = if in_file_schema || std::sync::Arc::ptr_eq(&self.file_schema, &self.schema) {
             batch
         } else {
             // Refused (nothing written, the writer stays usable) if a decimal does

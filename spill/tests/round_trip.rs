@@ -215,3 +215,57 @@ fn a_read_batch_holds_its_own_message_not_the_whole_file() {
         }
     }
 }
+
+/// A batch gathered narrow by the caller (in the file schema: decimals of at most 18
+/// digits as Int64) is written as it is and read back in the writer's schema, the
+/// same as the wide batch it stands for.
+#[test]
+fn batches_already_in_the_file_schema_read_back_wide() {
+    use arrow_array::Decimal128Array;
+    let logical = Arc::new(Schema::new(vec![
+        Field::new("k", DataType::Int64, false),
+        Field::new("price", DataType::Decimal128(15, 2), true),
+    ]));
+    let file_schema = spilljoin_spill::file_schema(&logical);
+    assert_eq!(file_schema.field(1).data_type(), &DataType::Int64);
+    let keys: ArrayRef = Arc::new(Int64Array::from(vec![1, 2, 3]));
+    let wide = RecordBatch::try_new(
+        logical.clone(),
+        vec![
+            keys.clone(),
+            Arc::new(
+                Decimal128Array::from(vec![Some(12_345), None, Some(-99_999_999_999_999)])
+                    .with_precision_and_scale(15, 2)
+                    .unwrap(),
+            ),
+        ],
+    )
+    .unwrap();
+    let narrow = RecordBatch::try_new(
+        file_schema.clone(),
+        vec![
+            keys,
+            Arc::new(Int64Array::from(vec![
+                Some(12_345),
+                None,
+                Some(-99_999_999_999_999),
+            ])),
+        ],
+    )
+    .unwrap();
+    for mode in READ_MODES {
+        let m = manager(SpillCompression::None, mode);
+        let mut writer = m.create_writer(logical.clone(), "narrow").unwrap();
+        writer.write(&narrow).unwrap();
+        writer.write(&wide).unwrap();
+        // Any other schema is still refused.
+        let other = RecordBatch::try_new(
+            Arc::new(Schema::new(vec![Field::new("k", DataType::Int64, false)])),
+            vec![Arc::new(Int64Array::from(vec![1]))],
+        )
+        .unwrap();
+        assert!(writer.write(&other).is_err());
+        let file = writer.finish().unwrap();
+        assert_eq!(read_all(&file).unwrap(), vec![wide.clone(), wide.clone()]);
+    }
+}

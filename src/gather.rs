@@ -430,12 +430,22 @@ impl FixedRows {
                 validity.append_n(rows.len(), true);
             }
         }
+        // Whether each column is narrowed here: a decimal into a narrowed field (an
+        // `Int64` source, even with that field's metadata, is copied as it is).
+        let narrowing: Vec<bool> = columns
+            .iter()
+            .zip(&self.columns)
+            .map(|(data, column)| {
+                column.narrowed && matches!(data.data_type(), DataType::Decimal128(..))
+            })
+            .collect();
         // The source bytes of each column (a narrowed decimal's are 16 a value).
         let sources = columns
             .iter()
             .zip(&self.columns)
-            .map(|(data, column)| {
-                let width = if column.narrowed { 16 } else { column.width };
+            .zip(&narrowing)
+            .map(|((data, column), &narrowing)| {
+                let width = if narrowing { 16 } else { column.width };
                 let values = data
                     .buffers()
                     .first()
@@ -452,10 +462,10 @@ impl FixedRows {
         // A decimal that does not fit in 64 bits (arrow does not enforce a decimal's
         // precision on its values) is refused before anything is appended, as the
         // spill writer refuses it.
-        for ((column, &source), field) in
-            self.columns.iter().zip(&sources).zip(self.schema.fields())
+        for ((&narrowing, &source), field) in
+            narrowing.iter().zip(&sources).zip(self.schema.fields())
         {
-            if !column.narrowed {
+            if !narrowing {
                 continue;
             }
             if let Some(v) = rows
@@ -470,10 +480,16 @@ impl FixedRows {
             }
         }
         let expected_rows = self.expected_rows;
-        for ((column, data), source) in self.columns.iter_mut().zip(columns).zip(sources) {
+        for (((column, data), source), narrowing) in self
+            .columns
+            .iter_mut()
+            .zip(columns)
+            .zip(sources)
+            .zip(narrowing)
+        {
             let width = column.width;
             let first = expected_rows * width;
-            if column.narrowed {
+            if narrowing {
                 column.values.gather_narrowed(source, rows, first)?;
                 column.append_validity(data, rows, self.len);
                 continue;

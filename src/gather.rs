@@ -421,15 +421,6 @@ impl FixedRows {
                 "internal: gathering rows of another schema or past its end".into(),
             ));
         }
-        if let (Some(hashes), Some(column)) = (hashes, self.columns.last_mut()) {
-            use arrow_buffer::ToByteSlice;
-            column
-                .values
-                .gather::<8>(hashes.to_byte_slice(), rows, self.expected_rows * 8)?;
-            if let Some(validity) = column.validity.as_mut() {
-                validity.append_n(rows.len(), true);
-            }
-        }
         // Whether each column is narrowed here: a decimal into a narrowed field (an
         // `Int64` source, even with that field's metadata, is copied as it is).
         let narrowing: Vec<bool> = columns
@@ -477,6 +468,15 @@ impl FixedRows {
                     "decimal value {v} of column {} exceeds its precision",
                     field.name()
                 )));
+            }
+        }
+        if let (Some(hashes), Some(column)) = (hashes, self.columns.last_mut()) {
+            use arrow_buffer::ToByteSlice;
+            column
+                .values
+                .gather::<8>(hashes.to_byte_slice(), rows, self.expected_rows * 8)?;
+            if let Some(validity) = column.validity.as_mut() {
+                validity.append_n(rows.len(), true);
             }
         }
         let expected_rows = self.expected_rows;
@@ -725,25 +725,36 @@ mod tests {
         let logical: SchemaRef = Arc::new(Schema::new(vec![
             Field::new("k", DataType::Int64, false),
             Field::new("d", DataType::Decimal128(15, 2), true),
+            Field::new("h", DataType::UInt64, false),
         ]));
         let schema = spilljoin_spill::file_schema(&logical);
         let widths = fixed_widths(&schema).ok_or("not fixed width")?;
-        assert_eq!(widths, vec![8, 8]);
+        assert_eq!(widths, vec![8, 8, 8]);
+        let hashes = [11u64, 12, 13, 14];
         let k = Int64Array::from(vec![10, 20, 30, 40]);
         let d = Decimal128Array::from(vec![Some(-5), None, Some(999_999_999_999_999), Some(7)])
             .with_precision_and_scale(15, 2)?;
         let mut rows = FixedRows::new(Arc::clone(&schema), &widths);
-        rows.append(&[k.to_data(), d.to_data()], &[3, 1, 0, 2], None)?;
+        rows.append(&[k.to_data(), d.to_data()], &[3, 1, 0, 2], Some(&hashes))?;
         // A value past 64 bits (arrow does not enforce precision) is refused, and
         // nothing of the rows is appended.
         let too_big = Decimal128Array::from(vec![Some(1), Some(i128::from(i64::MAX) + 1)])
             .with_precision_and_scale(15, 2)?;
         let k2 = Int64Array::from(vec![1, 2]);
         assert!(rows
-            .append(&[k2.to_data(), too_big.to_data()], &[0, 1], None)
+            .append(&[k2.to_data(), too_big.to_data()], &[0, 1], Some(&[91, 92]))
             .is_err());
         assert_eq!(rows.len(), 4);
+        // Every column, the hash column included, still holds 4 rows: the next row
+        // lines up with its hash.
+        rows.append(&[k2.to_data(), too_big.to_data()], &[0], Some(&[93, 94]))?;
         let got = rows.finish()?;
+        let hash_column = got
+            .column(2)
+            .as_any()
+            .downcast_ref::<arrow_array::UInt64Array>()
+            .ok_or("not hashes")?;
+        assert_eq!(hash_column.values().to_vec(), [14, 12, 11, 13, 93]);
         assert_eq!(got.schema(), schema);
         let narrow = got
             .column(1)
@@ -752,7 +763,7 @@ mod tests {
             .ok_or("not narrowed")?;
         assert_eq!(
             narrow.iter().collect::<Vec<_>>(),
-            vec![Some(7), None, Some(-5), Some(999_999_999_999_999)]
+            vec![Some(7), None, Some(-5), Some(999_999_999_999_999), Some(1)]
         );
         Ok(())
     }

@@ -238,6 +238,26 @@ impl JoinCase {
     }
 }
 
+/// The matches of `probes` (taken in `order`) among `keys`, indexed by `table`, whose
+/// first entry for probe `i` is `first(i)`: chains walked and keys compared as the
+/// probe does.
+fn lookups(
+    table: &ChainedTable,
+    keys: &[u64],
+    probes: &[u64],
+    order: &[usize],
+    first: impl Fn(usize) -> u32,
+) -> usize {
+    let mut found = 0usize;
+    for &i in order {
+        table.for_each_candidate_from(first(i), 0, &[], false, |row| {
+            found += usize::from(keys[row] == probes[i]);
+            std::ops::ControlFlow::Continue(())
+        });
+    }
+    found
+}
+
 fn kernels(c: &mut Criterion) {
     let mut group = c.benchmark_group("kernel");
     group
@@ -300,44 +320,36 @@ fn kernels(c: &mut Criterion) {
     let probe_column: ArrayRef = Arc::new(UInt64Array::from(probes.clone()));
     let mut probe_hashes = Vec::with_capacity(probes.len());
     hash_keys(&[probe_column], probes.len(), &mut probe_hashes).expect("hashable");
-    // Matches found, walking chains and comparing keys as the probe does.
-    let count = |table: &ChainedTable, first: &dyn Fn(usize) -> u32| {
-        let mut found = 0usize;
-        for (i, &key) in probes.iter().enumerate() {
-            table.for_each_candidate_from(first(i), 0, &[], false, |row| {
-                found += usize::from(sparse[row] == key);
-                std::ops::ControlFlow::Continue(())
-            });
-        }
-        found
-    };
+    let in_key_order: Vec<usize> = (0..probes.len()).collect();
+    let mut at_random = in_key_order.clone();
+    at_random.shuffle(&mut r);
     group.throughput(Throughput::Elements(probes.len() as u64));
-    group.bench_function("lookup 4M in key order, sparse keys: value-bucketed", |b| {
-        b.iter(|| black_box(count(&ranged, &|i| ranged.first_ranged(probes[i]))))
-    });
-    group.bench_function("lookup 4M in key order, sparse keys: hashed", |b| {
-        b.iter(|| black_box(count(&hashed, &|i| hashed.first(probe_hashes[i]))))
-    });
-    // The same lookups in random order: no locality for either table.
-    let mut order: Vec<usize> = (0..probes.len()).collect();
-    order.shuffle(&mut r);
-    let shuffled_count = |table: &ChainedTable, first: &dyn Fn(usize) -> u32| {
-        let mut found = 0usize;
-        for &i in &order {
-            table.for_each_candidate_from(first(i), 0, &[], false, |row| {
-                found += usize::from(sparse[row] == probes[i]);
-                std::ops::ControlFlow::Continue(())
-            });
-        }
-        found
-    };
-    group.bench_function(
-        "lookup 4M in random order, sparse keys: value-bucketed",
-        |b| b.iter(|| black_box(shuffled_count(&ranged, &|i| ranged.first_ranged(probes[i])))),
-    );
-    group.bench_function("lookup 4M in random order, sparse keys: hashed", |b| {
-        b.iter(|| black_box(shuffled_count(&hashed, &|i| hashed.first(probe_hashes[i]))))
-    });
+    // The same lookups in key order and in random order (no locality for either).
+    for (order_name, order) in [
+        ("in key order", &in_key_order),
+        ("in random order", &at_random),
+    ] {
+        group.bench_function(
+            format!("lookup 4M {order_name}, sparse keys: value-bucketed"),
+            |b| {
+                b.iter(|| {
+                    black_box(lookups(&ranged, &sparse, &probes, order, |i| {
+                        ranged.first_ranged(probes[i])
+                    }))
+                })
+            },
+        );
+        group.bench_function(
+            format!("lookup 4M {order_name}, sparse keys: hashed"),
+            |b| {
+                b.iter(|| {
+                    black_box(lookups(&hashed, &sparse, &probes, order, |i| {
+                        hashed.first(probe_hashes[i])
+                    }))
+                })
+            },
+        );
+    }
     group.throughput(Throughput::Elements(M as u64));
     let mut grouped = PartitionedRows::default();
     group.bench_function("partition group 1M 16-way", |b| {

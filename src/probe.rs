@@ -441,9 +441,10 @@ pub(crate) struct Prober<'a> {
     pair_build: Vec<u32>,
     /// What the spilled partitions' bloom filters have done for this worker, all
     /// together: keys are hash-partitioned, so a filter that rules out few probe rows
-    /// of one partition rules out few of any (the trials of one tally per partition
-    /// tested ~14% of the rows at 127 spilled partitions — SF10 orders ⋈ lineitem at
-    /// a 5% limit, where no row is ruled out — instead of under 2%).
+    /// of one partition rules out few of any (by the trial schedule, one tally per
+    /// partition tests ~14% of the rows at 127 spilled partitions — SF10 orders ⋈
+    /// lineitem at a 5% limit, where no row is ruled out — and one per worker under
+    /// 2%; measured: user CPU 3.29–3.46 → 3.13–3.21 s).
     bloom_tally: BloomTally,
     /// The current batch's columns as `ArrayData`, made by the first partition that
     /// gathers rows from it ([`crate::gather`]); cleared for every batch.
@@ -764,17 +765,10 @@ impl<'a> Prober<'a> {
                 ));
             }
             firsts.clear();
-            if direct {
-                firsts.extend(rows[range.clone()].iter().map(|&r| {
-                    eq.probe_word(r as usize)
-                        .map_or(0, |word| part.table.first_direct(word))
-                }));
-            } else {
-                firsts.extend(rows[range.clone()].iter().map(|&r| {
-                    eq.probe_word(r as usize)
-                        .map_or(0, |word| part.table.first_ranged(word))
-                }));
-            }
+            firsts.extend(rows[range.clone()].iter().map(|&r| {
+                eq.probe_word(r as usize)
+                    .map_or(0, |word| part.table.first_by_key(word))
+            }));
         } else {
             part.table.first_entries(
                 rows[range.clone()].iter().map(|&r| self.hashes[r as usize]),

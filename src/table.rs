@@ -176,6 +176,18 @@ impl ChainedTable {
         self.direct_min.is_some() || self.ranged.is_some()
     }
 
+    /// In a table looked up by key ([`by_key`](Self::by_key)), the first entry of
+    /// `word`'s chain (0 when none): [`first_direct`](Self::first_direct) or
+    /// [`first_ranged`](Self::first_ranged).
+    #[inline(always)]
+    pub fn first_by_key(&self, word: u64) -> u32 {
+        if self.is_direct() {
+            self.first_direct(word)
+        } else {
+            self.first_ranged(word)
+        }
+    }
+
     /// In a table bucketed by key value, the first entry of the chain holding `word`'s
     /// rows, if any, among others (0 when none).
     #[inline(always)]

@@ -34,6 +34,25 @@ fn input_of(prefix: &str, rows: i64, batch_rows: i64) -> Vec<Result<RecordBatch,
         .collect()
 }
 
+/// Joins `probe` and `build` on `on` with the builder `configure` sets up (an inner
+/// join unless it says otherwise) and drains the output: its rows and the metrics.
+fn drain(
+    probe: Vec<Result<RecordBatch, ArrowError>>,
+    build: Vec<Result<RecordBatch, ArrowError>>,
+    on: (&str, &str),
+    configure: impl FnOnce(HashJoinBuilder) -> HashJoinBuilder,
+) -> (usize, JoinMetrics) {
+    let schema = |b: &[Result<RecordBatch, ArrowError>]| b[0].as_ref().unwrap().schema();
+    let builder = HashJoinBuilder::new(schema(&probe), schema(&build), [on]);
+    let mut stream = configure(builder)
+        .build()
+        .unwrap()
+        .execute(probe, build)
+        .unwrap();
+    let rows: usize = stream.by_ref().map(|b| b.unwrap().num_rows()).sum();
+    (rows, stream.metrics())
+}
+
 /// Runs an inner join on `on` with every build partition spilled; returns its
 /// metrics after checking that every row found its one partner.
 fn spilled_join(on: &[(&str, &str)]) -> JoinMetrics {
@@ -97,20 +116,14 @@ fn a_selective_bloom_filter_keeps_probe_rows_off_disk() {
             Ok(RecordBatch::try_from_iter(vec![("lk", Arc::new(k) as ArrayRef)]).unwrap())
         })
         .collect();
-    let schema = |b: &[Result<RecordBatch, ArrowError>]| b[0].as_ref().unwrap().schema();
-    let mut stream = HashJoinBuilder::new(schema(&probe), schema(&build), [("lk", "rk")])
-        .with_memory_pool(Arc::new(UnboundedMemoryPool::new()))
-        .with_spill_manager(spill)
-        .with_force_spill(1.0)
-        .with_partition_bits(1)
-        .with_threads(1)
-        .build()
-        .unwrap()
-        .execute(probe, build)
-        .unwrap();
-    let rows: usize = stream.by_ref().map(|b| b.unwrap().num_rows()).sum();
+    let (rows, m) = drain(probe, build, ("lk", "rk"), |b| {
+        b.with_memory_pool(Arc::new(UnboundedMemoryPool::new()))
+            .with_spill_manager(spill)
+            .with_force_spill(1.0)
+            .with_partition_bits(1)
+            .with_threads(1)
+    });
     assert_eq!(rows, 4000);
-    let m = stream.metrics();
     // 396 000 probe rows cannot match; a 1%-false-positive filter lets few through,
     // over 200 000 rows a partition (well past the filter's trial).
     assert!(m.probe_rows_skipped > 380_000, "{m:?}");
@@ -130,21 +143,15 @@ fn spilled_build_rows_are_not_written_a_few_at_a_time() {
         input_of("l", BUILD_ROWS, 8192),
         input_of("r", BUILD_ROWS, 8192),
     );
-    let schema = |b: &[Result<RecordBatch, ArrowError>]| b[0].as_ref().unwrap().schema();
     // 32 MB of build rows in 128 partitions under 4 MiB.
     let pool = spilljoin::memory::GreedyMemoryPool::new(4 << 20);
-    let mut stream = HashJoinBuilder::new(schema(&probe), schema(&build), [("la", "ra")])
-        .with_memory_pool(Arc::new(pool))
-        .with_spill_manager(spill)
-        .with_partition_bits(7)
-        .with_threads(1)
-        .build()
-        .unwrap()
-        .execute(probe, build)
-        .unwrap();
-    let rows: usize = stream.by_ref().map(|b| b.unwrap().num_rows()).sum();
+    let (rows, m) = drain(probe, build, ("la", "ra"), |b| {
+        b.with_memory_pool(Arc::new(pool))
+            .with_spill_manager(spill)
+            .with_partition_bits(7)
+            .with_threads(1)
+    });
     assert_eq!(rows, BUILD_ROWS as usize);
-    let m = stream.metrics();
     assert!(m.build_rows_spilled > BUILD_ROWS as u64 / 2, "{m:?}");
     let per_batch = m.build_rows_spilled / m.build_batches_spilled.max(1);
     // Drained at every shortage, they were written 128 rows at a time (15,039

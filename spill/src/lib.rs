@@ -114,7 +114,7 @@ mod error;
 mod file;
 mod manager;
 mod message;
-pub(crate) mod narrow;
+mod narrow;
 mod quota;
 mod reader;
 mod writer;

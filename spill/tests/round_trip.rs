@@ -220,7 +220,7 @@ fn a_read_batch_holds_its_own_message_not_the_whole_file() {
 /// digits as Int64) is written as it is and read back in the writer's schema, the
 /// same as the wide batch it stands for.
 #[test]
-fn batches_already_in_the_file_schema_read_back_wide() {
+fn batches_already_in_the_file_schema_read_back_wide() -> Result<(), Box<dyn std::error::Error>> {
     use arrow_array::Decimal128Array;
     let logical = Arc::new(Schema::new(vec![
         Field::new("k", DataType::Int64, false),
@@ -235,12 +235,10 @@ fn batches_already_in_the_file_schema_read_back_wide() {
             keys.clone(),
             Arc::new(
                 Decimal128Array::from(vec![Some(12_345), None, Some(-99_999_999_999_999)])
-                    .with_precision_and_scale(15, 2)
-                    .unwrap(),
+                    .with_precision_and_scale(15, 2)?,
             ),
         ],
-    )
-    .unwrap();
+    )?;
     let narrow = RecordBatch::try_new(
         file_schema.clone(),
         vec![
@@ -251,21 +249,20 @@ fn batches_already_in_the_file_schema_read_back_wide() {
                 Some(-99_999_999_999_999),
             ])),
         ],
-    )
-    .unwrap();
+    )?;
     for mode in READ_MODES {
         let m = manager(SpillCompression::None, mode);
-        let mut writer = m.create_writer(logical.clone(), "narrow").unwrap();
-        writer.write(&narrow).unwrap();
-        writer.write(&wide).unwrap();
+        let mut writer = m.create_writer(logical.clone(), "narrow")?;
+        writer.write(&narrow)?;
+        writer.write(&wide)?;
         // Any other schema is still refused.
         let other = RecordBatch::try_new(
             Arc::new(Schema::new(vec![Field::new("k", DataType::Int64, false)])),
             vec![Arc::new(Int64Array::from(vec![1]))],
-        )
-        .unwrap();
+        )?;
         assert!(writer.write(&other).is_err());
-        let file = writer.finish().unwrap();
-        assert_eq!(read_all(&file).unwrap(), vec![wide.clone(), wide.clone()]);
+        let file = writer.finish()?;
+        assert_eq!(read_all(&file)?, vec![wide.clone(), wide.clone()]);
     }
+    Ok(())
 }

@@ -50,9 +50,16 @@ enum KeyShape {
 fn keys(rng: &mut StdRng, shape: KeyShape, n: usize, domain: u64) -> Int64Array {
     (0..n)
         .map(|_| match shape {
-            KeyShape::Uniform => {
-                (!rng.random_bool(0.05)).then(|| rng.random_range(0..domain) as i64)
-            }
+            // A few keys past 32 bits: spill files then write the key column 8
+            // bytes wide from some batch on (a new segment of the file).
+            KeyShape::Uniform => (!rng.random_bool(0.05)).then(|| {
+                let k = rng.random_range(0..domain) as i64;
+                if rng.random_bool(0.01) {
+                    k + (1 << 40)
+                } else {
+                    k
+                }
+            }),
             KeyShape::Zipf => {
                 let u: f64 = rng.random();
                 Some((domain as f64).powf(u) as i64)
@@ -78,7 +85,17 @@ fn side(
 ) -> RecordBatch {
     let k = keys(rng, shape, n, domain);
     let v: Int64Array = (0..n)
-        .map(|_| (!rng.random_bool(0.1)).then(|| rng.random_range(0..20)))
+        .map(|_| {
+            (!rng.random_bool(0.1)).then(|| {
+                let v = rng.random_range(0..20);
+                // Now and then a value past 32 bits (see `keys`).
+                if rng.random_bool(0.005) {
+                    v - (1 << 40)
+                } else {
+                    v
+                }
+            })
+        })
         .collect();
     let s: StringArray = (0..n)
         .map(|i| {

@@ -110,8 +110,9 @@ pub struct SpillReader {
     path: PathBuf,
     /// The schema the batches carry: the expected one if given.
     schema: SchemaRef,
-    /// The schema as written in the file. Equal to `schema`, but only this
-    /// one carries the dictionary ids the file's dictionary messages use.
+    /// The schema of the current segment as written in the file: `schema` with
+    /// some columns narrower, or equal to it; only this one carries the dictionary
+    /// ids the segment's dictionary messages use.
     file_schema: SchemaRef,
     source: MessageSource,
     dictionaries: HashMap<i64, ArrayRef>,
@@ -120,7 +121,7 @@ pub struct SpillReader {
     trusted: bool,
     skip_validation: UnsafeFlag,
     finished: bool,
-    /// The file narrows decimals that `schema` has as `Decimal128` (`narrow`).
+    /// The current segment stores some column narrower than `schema` (`narrow`).
     narrowed: bool,
     /// Keeps our own file from being deleted while it is read.
     _file: Option<SpillFile>,
@@ -334,6 +335,22 @@ impl SpillReader {
                         skip_validation,
                     )
                 })?;
+                Ok(None)
+            }
+            MessageHeader::Schema => {
+                // A new segment (see `narrow`): the same logical schema, columns
+                // stored wider, dictionaries sent afresh.
+                let file_schema = decode_schema(raw)?;
+                let logical = crate::narrow::logical_schema(&file_schema)?;
+                if *logical != *self.schema {
+                    return Err(ipc_error(&format!(
+                        "a later segment's schema {logical:?} differs from the file's {:?}",
+                        self.schema
+                    )));
+                }
+                self.narrowed = !std::sync::Arc::ptr_eq(&logical, &file_schema);
+                self.file_schema = file_schema;
+                self.dictionaries.clear();
                 Ok(None)
             }
             other => Err(ipc_error(&format!(

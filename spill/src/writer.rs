@@ -28,6 +28,7 @@ use std::fs::File;
 use std::io::{self, IoSlice, Write};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
+use std::sync::Arc;
 
 use arrow_array::RecordBatch;
 use arrow_buffer::Buffer;
@@ -120,12 +121,19 @@ fn write_all_vectored(writer: &mut impl Write, buffers: &[Buffer]) -> io::Result
 /// one system call when it is written. While a batch is written with
 /// compression, its compressed buffers are held too.
 pub struct SpillWriter {
-    encoder: StreamEncoder,
+    /// The encoder of the current segment; `None` before the first batch.
+    encoder: Option<StreamEncoder>,
+    options: IpcWriteOptions,
     sink: CountingWriter,
     schema: SchemaRef,
-    /// The schema written (`schema` with narrow decimals as `Int64`; the same `Arc`
-    /// when nothing narrows).
+    /// The wide file schema (`schema` with narrow decimals as `Int64`; the same `Arc`
+    /// when nothing narrows), which batches may also come in.
     file_schema: SchemaRef,
+    /// The columns of `file_schema` that may be written as `Int32` (`narrow`).
+    halvable: Vec<usize>,
+    /// Those the current segment writes as `Int32`, and its schema.
+    halved: Vec<usize>,
+    segment_schema: SchemaRef,
     path: PathBuf,
     rows: u64,
     batches: u64,
@@ -152,22 +160,24 @@ impl SpillWriter {
         compression: SpillCompression,
     ) -> Result<Self, SpillError> {
         let path = sink.guard.path().to_owned();
-        let arrow_error = |source| SpillError::Arrow {
-            path: path.clone(),
-            source,
-        };
         let options = IpcWriteOptions::default()
             .try_with_compression(compression.ipc_compression())
-            .map_err(arrow_error)?;
-        // Decimals of at most 18 digits are written as 8-byte integers (`narrow`).
+            .map_err(|source| SpillError::Arrow {
+                path: path.clone(),
+                source,
+            })?;
+        // Integer-like columns are written in as few bytes as they need (`narrow`).
         let file_schema = crate::narrow::file_schema(&schema);
-        let encoder =
-            StreamEncoder::try_new_with_options(&file_schema, options).map_err(arrow_error)?;
+        let halvable = crate::narrow::halvable(&file_schema);
         Ok(Self {
-            encoder,
+            encoder: None,
+            options,
             sink,
+            segment_schema: Arc::clone(&file_schema),
             schema,
             file_schema,
+            halvable,
+            halved: Vec::new(),
             path,
             rows: 0,
             batches: 0,
@@ -188,15 +198,16 @@ impl SpillWriter {
     /// Appends one batch. Empty batches are written too (as zero-row
     /// messages) and read back. A batch may also come in the file's schema
     /// ([`crate::file_schema`] of the writer's: decimals of at most 18 digits as
-    /// `Int64`), gathered narrow by the caller; it is written as it is, and read
-    /// back in the writer's schema like any other.
+    /// `Int64`), gathered narrow by the caller; it is read back in the writer's
+    /// schema like any other. `Int64` columns (decimals included) whose values fit
+    /// in 32 bits are written as `Int32` (see the crate's `narrow` module).
     ///
     /// # Errors
     ///
     /// [`SpillError::SchemaMismatch`] if the batch's schema is not equal to
     /// the writer's or its file schema (field names, types, nullability and
-    /// metadata all count);
-    /// nothing is written and the writer stays usable.
+    /// metadata all count), [`SpillError::Arrow`] if a decimal does not fit in 64
+    /// bits: nothing is written and the writer stays usable.
     /// [`SpillError::QuotaExceeded`] if the encoded batch does not fit in the
     /// quota (nothing of it is written), [`SpillError::Io`] if writing failed,
     /// [`SpillError::Arrow`] if arrow cannot encode or compress it; the writer
@@ -204,43 +215,78 @@ impl SpillWriter {
     pub fn write(&mut self, batch: &RecordBatch) -> Result<(), SpillError> {
         self.check_usable()?;
         let found = batch.schema_ref();
-        // Already in the file's schema (narrowed by the caller): written as it is.
-        let in_file_schema = !std::sync::Arc::ptr_eq(&self.file_schema, &self.schema)
-            && (std::sync::Arc::ptr_eq(found, &self.file_schema) || **found == *self.file_schema);
-        if !in_file_schema
-            && !std::sync::Arc::ptr_eq(found, &self.schema)
-            && **found != *self.schema
-        {
+        let in_file_schema = Arc::ptr_eq(found, &self.file_schema) || **found == *self.file_schema;
+        if !in_file_schema && !Arc::ptr_eq(found, &self.schema) && **found != *self.schema {
             return Err(SpillError::SchemaMismatch {
                 path: self.path.clone(),
                 expected: self.schema.clone(),
                 found: found.clone(),
             });
         }
-        let narrowed;
-        let batch = if in_file_schema || std::sync::Arc::ptr_eq(&self.file_schema, &self.schema) {
-            batch
+        // The columns this batch could write as `Int32`; a segment that writes one
+        // of them that cannot ends, and a new one begins that writes it wide.
+        let fits: Vec<usize> = self
+            .halvable
+            .iter()
+            .copied()
+            .filter(|&c| crate::narrow::fits_i32(batch.column(c)))
+            .collect();
+        let new_segment = if self.encoder.is_none() {
+            Some(fits)
+        } else if self.halved.iter().all(|c| fits.contains(c)) {
+            None
         } else {
-            // Refused (nothing written, the writer stays usable) if a decimal does
-            // not fit in 64 bits.
-            narrowed = crate::narrow::narrow(batch, &self.file_schema).map_err(|source| {
-                SpillError::Arrow {
-                    path: self.path.clone(),
-                    source,
-                }
-            })?;
-            &narrowed
+            Some(
+                self.halved
+                    .iter()
+                    .copied()
+                    .filter(|c| fits.contains(c))
+                    .collect(),
+            )
         };
+        let segment_schema = match &new_segment {
+            Some(halved) => crate::narrow::segment_schema(&self.file_schema, halved),
+            None => Arc::clone(&self.segment_schema),
+        };
+        let converted;
+        let batch =
+            if Arc::ptr_eq(&segment_schema, &self.schema) || Arc::ptr_eq(&segment_schema, found) {
+                batch
+            } else {
+                // Refused (nothing written, the writer stays usable) if a decimal does
+                // not fit in 64 bits.
+                converted = crate::narrow::narrow(batch, &segment_schema).map_err(|source| {
+                    SpillError::Arrow {
+                        path: self.path.clone(),
+                        source,
+                    }
+                })?;
+                &converted
+            };
         // Whatever happens next may leave the encoder's dictionary tracker
         // ahead of the file; only success clears the flag again.
         self.failed = true;
-        let buffers = self
+        let arrow_error = |source| SpillError::Arrow {
+            path: self.path.clone(),
+            source,
+        };
+        if let Some(halved) = new_segment {
+            // A new encoder writes the segment's schema message (and its
+            // dictionaries afresh) with this batch.
+            self.encoder = Some(
+                StreamEncoder::try_new_with_options(&segment_schema, self.options.clone())
+                    .map_err(arrow_error)?,
+            );
+            self.halved = halved;
+            self.segment_schema = segment_schema;
+        }
+        let encoder = self
             .encoder
-            .encode(batch)
-            .map_err(|source| SpillError::Arrow {
+            .as_mut()
+            .ok_or_else(|| SpillError::WriterFailed {
                 path: self.path.clone(),
-                source,
             })?;
+        let buffers = encoder.encode(batch).map_err(arrow_error)?;
         self.sink.write_message(&buffers)?;
         self.failed = false;
         let rows = batch.num_rows() as u64;
@@ -282,16 +328,22 @@ impl SpillWriter {
         self.check_usable()?;
         let Self {
             encoder,
+            options,
             mut sink,
             schema,
+            file_schema,
             path,
             rows,
             batches,
             ..
         } = self;
-        let buffers = encoder
-            .finish()
-            .map_err(|source| SpillError::Arrow { path, source })?;
+        // A file without batches is its wide schema alone.
+        let buffers = match encoder {
+            Some(encoder) => encoder.finish(),
+            None => StreamEncoder::try_new_with_options(&file_schema, options)
+                .and_then(StreamEncoder::finish),
+        }
+        .map_err(|source| SpillError::Arrow { path, source })?;
         sink.write_message(&buffers)?;
         let guard = sink.into_guard();
         Ok(SpillFile::new(guard, schema, rows, batches))
@@ -318,7 +370,6 @@ mod tests {
     use arrow_array::Int32Array;
     use arrow_schema::{DataType, Field, Schema};
     use std::sync::Arc;
-
     fn assert_send<T: Send>() {}
 
     #[test]

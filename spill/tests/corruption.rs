@@ -315,7 +315,10 @@ fn a_decompression_bomb_is_refused_before_allocating() {
         let schema = Arc::new(Schema::new(vec![Field::new("k", DataType::Int64, false)]));
         let batch = RecordBatch::try_new(
             schema.clone(),
-            vec![Arc::new(Int64Array::from_iter_values(0..1000))],
+            // Values past 32 bits, so that they are written 8 bytes wide.
+            vec![Arc::new(Int64Array::from_iter_values(
+                (0..1000).map(|i| i64::MAX - i),
+            ))],
         )
         .unwrap();
         let mut bytes = spilled_bytes(compression, &[batch]);

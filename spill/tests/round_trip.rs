@@ -266,3 +266,70 @@ fn batches_already_in_the_file_schema_read_back_wide() -> Result<(), Box<dyn std
     }
     Ok(())
 }
+
+/// A batch of an `Int64` key, a narrow decimal and a dictionary column.
+fn segment_batch(
+    schema: &Arc<Schema>,
+    keys: Vec<i64>,
+    prices: Vec<Option<i128>>,
+) -> Result<RecordBatch, Box<dyn std::error::Error>> {
+    use arrow_array::{Decimal128Array, DictionaryArray};
+    let n = keys.len() as i32;
+    let names: DictionaryArray<Int32Type> =
+        (0..n).map(|i| ["a", "b", "c"][i as usize % 3]).collect();
+    Ok(RecordBatch::try_new(
+        schema.clone(),
+        vec![
+            Arc::new(Int64Array::from(keys)),
+            Arc::new(Decimal128Array::from(prices).with_precision_and_scale(15, 2)?),
+            Arc::new(names),
+        ],
+    )?)
+}
+
+#[test]
+fn columns_written_in_32_bits_widen_when_a_batch_needs_it() -> Result<(), Box<dyn std::error::Error>>
+{
+    let schema = Arc::new(Schema::new(vec![
+        Field::new("k", DataType::Int64, false),
+        Field::new("price", DataType::Decimal128(15, 2), true),
+        Field::new(
+            "name",
+            DataType::Dictionary(Box::new(DataType::Int32), Box::new(DataType::Utf8)),
+            false,
+        ),
+    ]));
+    let big = 1_i64 << 40;
+    let small = segment_batch(&schema, vec![1, -2, 3], vec![Some(5), None, Some(-7)])?;
+    // The key needs 64 bits: a second segment writes it wide.
+    let wide_key = segment_batch(&schema, vec![4, big, 6], vec![Some(1), Some(2), None])?;
+    // Then the price: a third.
+    let wide_price = segment_batch(&schema, vec![7], vec![Some(i128::from(big))])?;
+    let batches = [
+        small.clone(),
+        wide_key,
+        small.clone(),
+        wide_price,
+        small.clone(),
+    ];
+    for compression in [SpillCompression::None, SpillCompression::Lz4] {
+        for mode in READ_MODES {
+            let m = manager(compression, mode);
+            let file = spill(&m, schema.clone(), &batches);
+            assert_eq!(read_all(&file)?, batches.to_vec());
+        }
+    }
+    // Written in 32 bits: 1000 rows of small values take less than 1000 of large.
+    let m = manager(SpillCompression::None, SpillReadMode::Buffered);
+    let rows = |v: i64| segment_batch(&schema, vec![v; 1000], vec![Some(i128::from(v)); 1000]);
+    let narrow = spill(&m, schema.clone(), &[rows(1)?]);
+    let wide = spill(&m, schema.clone(), &[rows(big)?]);
+    assert!(
+        narrow.bytes() + 7000 < wide.bytes(),
+        "{} vs {}",
+        narrow.bytes(),
+        wide.bytes()
+    );
+    assert_eq!(read_all(&narrow)?, vec![rows(1)?]);
+    Ok(())
+}

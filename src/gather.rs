@@ -176,15 +176,21 @@ impl Values {
         Ok(())
     }
 
-    /// Appends the 16-byte decimals at `rows` of `source` as 8-byte integers (each
-    /// checked to fit by the caller; one that does not would be cut), allocating as
-    /// [`extend`](Self::extend) does.
+    /// Appends the 16-byte decimals at `rows` of `source` as 8-byte integers,
+    /// allocating as [`extend`](Self::extend) does; `false` if one did not fit (and
+    /// was cut: the caller truncates them away again).
     ///
     /// # Errors
     /// [`JoinError::Io`] if the memory map cannot be made or grown.
-    fn gather_narrowed(&mut self, source: &[u8], rows: &[u32], first: usize) -> Result<()> {
+    fn gather_narrowed(&mut self, source: &[u8], rows: &[u32], first: usize) -> Result<bool> {
         self.make_room(rows.len() * 8, first)?;
-        let value = |r: &u32| decimal_at(source, *r) as i64;
+        // `v` fits iff `v + 2^63` lies in `0..2^64`: the high halves, ORed, are zero.
+        let mut high = 0_u64;
+        let mut value = |r: &u32| {
+            let v = decimal_at(source, *r);
+            high |= (v.wrapping_add(1 << 63) >> 64) as u64;
+            v as i64
+        };
         match self {
             Values::Heap(buffer) => buffer.extend(rows.iter().map(value)),
             #[cfg(target_os = "linux")]
@@ -196,7 +202,52 @@ impl Values {
                 }
             }
         }
+        Ok(high == 0)
+    }
+
+    /// Appends the `W`-byte values at `rows` of `source` as 4-byte integers `half`
+    /// makes of them (each known to fit), allocating as [`extend`](Self::extend) does.
+    ///
+    /// # Errors
+    /// [`JoinError::Io`] if the memory map cannot be made or grown.
+    fn gather_halved<const W: usize>(
+        &mut self,
+        source: &[u8],
+        rows: &[u32],
+        first: usize,
+        half: impl Fn([u8; W]) -> i32,
+    ) -> Result<()> {
+        self.make_room(rows.len() * 4, first)?;
+        let value = |r: &u32| -> i32 {
+            let at = *r as usize * W;
+            half(
+                source
+                    .get(at..at + W)
+                    .and_then(|v| v.try_into().ok())
+                    .unwrap_or([0; W]),
+            )
+        };
+        match self {
+            Values::Heap(buffer) => buffer.extend(rows.iter().map(value)),
+            #[cfg(target_os = "linux")]
+            Values::Mapped { map, len } => {
+                let start = *len;
+                *len += rows.len() * 4;
+                for (to, r) in map[start..*len].chunks_exact_mut(4).zip(rows) {
+                    to.copy_from_slice(&value(r).to_ne_bytes());
+                }
+            }
+        }
         Ok(())
+    }
+
+    /// Forgets the bytes past `len`.
+    fn truncate(&mut self, len: usize) {
+        match self {
+            Values::Heap(buffer) => buffer.truncate(len),
+            #[cfg(target_os = "linux")]
+            Values::Mapped { len: held, .. } => *held = len.min(*held),
+        }
     }
 
     /// Makes room for `n` more bytes: a heap buffer's first allocation takes at least
@@ -284,6 +335,11 @@ struct Column {
     /// A decimal of at most 18 digits gathered as the `Int64` its spill file holds
     /// ([`spilljoin_spill::file_schema`]): read from 16-byte values, written as 8.
     narrowed: bool,
+    /// An `Int64` column (a narrowed decimal's included) that may be gathered as
+    /// `Int32` ([`FixedRows::halving`]).
+    halvable: bool,
+    /// Gathered as `Int32` (`width` 4) into the present buffer.
+    halved: bool,
     values: Values,
     validity: Option<BooleanBufferBuilder>,
     /// Whether the column may get a validity buffer (its field is nullable).
@@ -330,6 +386,8 @@ pub(crate) struct FixedRows {
     len: usize,
     /// The rows the buffers are first allocated for ([`FixedRows::expect_rows`]).
     expected_rows: usize,
+    /// The segment schema of the last halved columns ([`FixedRows::halving`]).
+    halved_schema: Option<(Vec<usize>, SchemaRef)>,
 }
 
 impl FixedRows {
@@ -343,6 +401,8 @@ impl FixedRows {
                 width,
                 narrowed: field.data_type() == &DataType::Int64
                     && field.metadata().contains_key(spilljoin_spill::NARROWED_KEY),
+                halvable: false,
+                halved: false,
                 values: Values::Heap(MutableBuffer::new(0)),
                 validity: None,
                 nullable: field.is_nullable(),
@@ -353,7 +413,54 @@ impl FixedRows {
             columns,
             len: 0,
             expected_rows: 0,
+            halved_schema: None,
         }
+    }
+
+    /// Like [`new`](Self::new) for rows that are only ever written to a spill file
+    /// (`schema` is its [`spilljoin_spill::file_schema`]): a buffer gathers the
+    /// `Int64` columns (narrowed decimals included) of the batches it holds as `Int32`
+    /// when the first batch's values all fit ([`shape_for`](Self::shape_for)), and
+    /// [`finish`](Self::finish) gives them in that file's segment schema.
+    pub fn halving(schema: SchemaRef, widths: &[usize]) -> Self {
+        let mut rows = Self::new(schema, widths);
+        for (column, field) in rows.columns.iter_mut().zip(rows.schema.fields()) {
+            column.halvable = field.data_type() == &DataType::Int64;
+        }
+        rows
+    }
+
+    /// Whether rows of a batch whose columns fit in 32 bits where `fits` says so
+    /// ([`spilljoin_spill::fits_i32`], one per column, the hash column excepted) can
+    /// join the buffered ones: not if a column gathered halved would not fit.
+    pub fn admits(&self, fits: &[bool]) -> bool {
+        self.columns
+            .iter()
+            .zip(fits.iter().copied().chain(std::iter::repeat(false)))
+            .all(|(c, fits)| !c.halved || fits)
+    }
+
+    /// While the buffers are empty, gathers halvable columns as `Int32` where `fits`
+    /// says so (see [`admits`](Self::admits)); a no-op once rows are buffered.
+    pub fn shape_for(&mut self, fits: &[bool]) {
+        if self.len > 0 {
+            return;
+        }
+        for (column, fits) in self
+            .columns
+            .iter_mut()
+            .zip(fits.iter().copied().chain(std::iter::repeat(false)))
+        {
+            if column.halvable {
+                column.halved = fits;
+                column.width = if fits { 4 } else { 8 };
+            }
+        }
+    }
+
+    /// The bytes a row takes in the buffers (their columns' widths as gathered now).
+    pub fn row_bytes(&self) -> usize {
+        self.columns.iter().map(|c| c.width).sum()
     }
 
     /// Allocates the buffers, when they are next empty, for `rows` rows at once (the
@@ -407,7 +514,8 @@ impl FixedRows {
         let fits = columns.len() + with_hashes == self.columns.len()
             && columns.iter().all(|c| c.len() == num_rows)
             && hashes.is_none_or(|h| h.len() == num_rows)
-            && rows.iter().all(|&r| (r as usize) < num_rows)
+            // The largest row, without a branch a row.
+            && (rows.is_empty() || (rows.iter().fold(0, |m, &r| m.max(r)) as usize) < num_rows)
             && columns
                 .iter()
                 .zip(&self.columns)
@@ -436,7 +544,13 @@ impl FixedRows {
             .zip(&self.columns)
             .zip(&narrowing)
             .map(|((data, column), &narrowing)| {
-                let width = if narrowing { 16 } else { column.width };
+                let width = if narrowing {
+                    16
+                } else if column.halved {
+                    8
+                } else {
+                    column.width
+                };
                 let values = data
                     .buffers()
                     .first()
@@ -450,23 +564,31 @@ impl FixedRows {
                     })
             })
             .collect::<Result<Vec<_>>>()?;
-        // A decimal that does not fit in 64 bits (arrow does not enforce a decimal's
-        // precision on its values) is refused before anything is appended, as the
-        // spill writer refuses it.
-        for ((&narrowing, &source), field) in
-            narrowing.iter().zip(&sources).zip(self.schema.fields())
-        {
-            if !narrowing {
+        // Narrowed decimals first: one that does not fit in 64 bits (arrow does not
+        // enforce a decimal's precision on its values) is refused with nothing
+        // appended, as the spill writer refuses it.
+        let expected_rows = self.expected_rows;
+        let starts: Vec<usize> = self.columns.iter().map(|c| c.values.len()).collect();
+        for (i, (&narrowing, &source)) in narrowing.iter().zip(&sources).enumerate() {
+            if !narrowing || self.columns[i].halved {
                 continue;
             }
-            if let Some(v) = rows
-                .iter()
-                .map(|&r| decimal_at(source, r))
-                .find(|&v| i64::try_from(v).is_err())
+            let first = expected_rows * self.columns[i].width;
+            if !self.columns[i]
+                .values
+                .gather_narrowed(source, rows, first)?
             {
+                for (column, &start) in self.columns.iter_mut().zip(&starts).take(i + 1) {
+                    column.values.truncate(start);
+                }
+                let v = rows
+                    .iter()
+                    .map(|&r| decimal_at(source, r))
+                    .find(|&v| i64::try_from(v).is_err())
+                    .unwrap_or_default();
                 return Err(JoinError::InvalidJoin(format!(
                     "decimal value {v} of column {} exceeds its precision",
-                    field.name()
+                    self.schema.field(i).name()
                 )));
             }
         }
@@ -474,12 +596,11 @@ impl FixedRows {
             use arrow_buffer::ToByteSlice;
             column
                 .values
-                .gather::<8>(hashes.to_byte_slice(), rows, self.expected_rows * 8)?;
+                .gather::<8>(hashes.to_byte_slice(), rows, expected_rows * 8)?;
             if let Some(validity) = column.validity.as_mut() {
                 validity.append_n(rows.len(), true);
             }
         }
-        let expected_rows = self.expected_rows;
         for (((column, data), source), narrowing) in self
             .columns
             .iter_mut()
@@ -489,8 +610,23 @@ impl FixedRows {
         {
             let width = column.width;
             let first = expected_rows * width;
+            if column.halved {
+                // Every value fits (`shape_for`, `admits`).
+                if narrowing {
+                    column
+                        .values
+                        .gather_halved::<16>(source, rows, first, |v| {
+                            i128::from_ne_bytes(v) as i32
+                        })?;
+                } else {
+                    column.values.gather_halved::<8>(source, rows, first, |v| {
+                        i64::from_ne_bytes(v) as i32
+                    })?;
+                }
+                column.append_validity(data, rows, self.len);
+                continue;
+            }
             if narrowing {
-                column.values.gather_narrowed(source, rows, first)?;
                 column.append_validity(data, rows, self.len);
                 continue;
             }
@@ -525,10 +661,23 @@ impl FixedRows {
     /// An arrow error if the arrays cannot be made (a bug: their types are checked).
     pub fn finish(&mut self) -> Result<RecordBatch> {
         let len = std::mem::take(&mut self.len);
+        // Halved columns make the batch one of a spill file segment's schema.
+        let halved: Vec<usize> = (0..self.columns.len())
+            .filter(|&i| self.columns[i].halved)
+            .collect();
+        let schema = match &self.halved_schema {
+            _ if halved.is_empty() => Arc::clone(&self.schema),
+            Some((cached, schema)) if *cached == halved => Arc::clone(schema),
+            _ => {
+                let schema = spilljoin_spill::segment_schema(&self.schema, &halved);
+                self.halved_schema = Some((halved, Arc::clone(&schema)));
+                schema
+            }
+        };
         let arrays = self
             .columns
             .iter_mut()
-            .zip(self.schema.fields())
+            .zip(schema.fields())
             .map(|(column, field)| -> Result<ArrayRef> {
                 let values =
                     std::mem::replace(&mut column.values, Values::Heap(MutableBuffer::new(0)));
@@ -544,7 +693,7 @@ impl FixedRows {
                 Ok(make_array(data))
             })
             .collect::<Result<Vec<_>>>()?;
-        Ok(RecordBatch::try_new(Arc::clone(&self.schema), arrays)?)
+        Ok(RecordBatch::try_new(schema, arrays)?)
     }
 }
 
@@ -765,6 +914,58 @@ mod tests {
             narrow.iter().collect::<Vec<_>>(),
             vec![Some(7), None, Some(-5), Some(999_999_999_999_999), Some(1)]
         );
+        Ok(())
+    }
+
+    #[test]
+    fn halving_rows_gather_int32_while_their_batches_fit() -> TestResult {
+        let logical: SchemaRef = Arc::new(Schema::new(vec![
+            Field::new("k", DataType::Int64, false),
+            Field::new("d", DataType::Decimal128(15, 2), true),
+            Field::new("h", DataType::UInt64, false),
+        ]));
+        let schema = spilljoin_spill::file_schema(&logical);
+        let widths = fixed_widths(&schema).ok_or("not fixed width")?;
+        let k = Int64Array::from(vec![10, -20, 30]);
+        let d = Decimal128Array::from(vec![Some(-5), None, Some(i128::from(i32::MAX))])
+            .with_precision_and_scale(15, 2)?;
+        let columns = [k.to_data(), d.to_data()];
+        let fits = [spilljoin_spill::fits_i32(&k), spilljoin_spill::fits_i32(&d)];
+        assert_eq!(fits, [true, true]);
+        let mut rows = FixedRows::halving(Arc::clone(&schema), &widths);
+        rows.shape_for(&fits);
+        assert_eq!(rows.row_bytes(), 4 + 4 + 8);
+        rows.append(&columns, &[2, 0], Some(&[7, 8, 9]))?;
+        rows.append(&columns, &[1], Some(&[7, 8, 9]))?;
+        // A batch whose key does not fit is not admitted to these rows.
+        assert!(!rows.admits(&[false, true]));
+        assert!(rows.admits(&fits));
+        let got = rows.finish()?;
+        assert_eq!(
+            got.schema(),
+            spilljoin_spill::segment_schema(&schema, &[0, 1])
+        );
+        let ints = |i: usize| -> std::result::Result<Vec<Option<i32>>, &str> {
+            let c = got.column(i).as_any().downcast_ref::<Int32Array>();
+            Ok(c.ok_or("not Int32")?.iter().collect())
+        };
+        assert_eq!(ints(0)?, [Some(30), Some(10), Some(-20)]);
+        assert_eq!(ints(1)?, [Some(i32::MAX), Some(-5), None]);
+        // Emptied, the buffers take the next batch's shape: the key wide.
+        let big = Int64Array::from(vec![1 << 40]);
+        let d1 = Decimal128Array::from(vec![Some(3)]).with_precision_and_scale(15, 2)?;
+        rows.shape_for(&[false, true]);
+        assert_eq!(rows.row_bytes(), 8 + 4 + 8);
+        rows.append(&[big.to_data(), d1.to_data()], &[0], Some(&[5]))?;
+        let got = rows.finish()?;
+        assert_eq!(got.column(0).data_type(), &DataType::Int64);
+        assert_eq!(got.column(1).data_type(), &DataType::Int32);
+        let key = got.column(0).as_any().downcast_ref::<Int64Array>();
+        assert_eq!(key.ok_or("not Int64")?.value(0), 1 << 40);
+        // Rows that are not halving never halve.
+        let mut plain = FixedRows::new(Arc::clone(&schema), &widths);
+        plain.shape_for(&fits);
+        assert_eq!(plain.row_bytes(), 24);
         Ok(())
     }
 

@@ -114,6 +114,9 @@ pub(crate) struct ProbeState {
     gather_schema: SchemaRef,
     /// The gather schema's column widths, when all are fixed ([`crate::gather`]).
     fixed_widths: Option<Vec<usize>>,
+    /// Per column of the gather schema: `Int64`, so gathered as `Int32` when a
+    /// batch's values fit ([`FixedRows::halving`]).
+    halvable: Vec<bool>,
     _reservation: MemoryReservation,
 }
 
@@ -163,14 +166,20 @@ impl ProbeState {
                 })
             })
             .collect();
+        let gather_schema = spilljoin_spill::file_schema(&plan.spill_schema(false));
         Ok(Self {
             visited,
             probe_non_empty: AtomicBool::new(facts.probe_non_empty),
             probe_has_null: AtomicBool::new(facts.probe_has_null),
             spills,
             spill_schema: plan.spill_schema(false),
-            gather_schema: spilljoin_spill::file_schema(&plan.spill_schema(false)),
-            fixed_widths: fixed_widths(&spilljoin_spill::file_schema(&plan.spill_schema(false))),
+            gather_schema: Arc::clone(&gather_schema),
+            fixed_widths: fixed_widths(&gather_schema),
+            halvable: gather_schema
+                .fields()
+                .iter()
+                .map(|f| f.data_type() == &arrow_schema::DataType::Int64)
+                .collect(),
             _reservation: reservation,
         })
     }
@@ -272,6 +281,7 @@ impl ProbeState {
         ctx: &Ctx<'_>,
         p: usize,
         columns: &[ArrayData],
+        fits: &[bool],
         rows: &[u32],
         hashes: Option<&[u64]>,
     ) -> Result<()> {
@@ -283,32 +293,45 @@ impl ProbeState {
                 "internal: gathering for an unspilled partition".into(),
             ));
         };
-        // Grows the reservation to what the buffers will hold with these rows.
-        let reserve = |spill: &mut ProbeSpill| -> Result<(), spilljoin_memory::MemoryError> {
+        // Grows the reservation to what the buffers will hold with these rows (after
+        // writing the buffered rows out if they are gathered 32 bits wide where these
+        // do not fit).
+        type Reserved = Result<(), spilljoin_memory::MemoryError>;
+        let reserve = |spill: &mut ProbeSpill| -> Result<Reserved> {
+            if spill.gathered.as_ref().is_some_and(|g| !g.admits(fits)) {
+                self.flush(ctx, spill)?;
+            }
             let rows_now = spill
                 .gathered
-                .get_or_insert_with(|| FixedRows::new(Arc::clone(&self.gather_schema), widths));
+                .get_or_insert_with(|| FixedRows::halving(Arc::clone(&self.gather_schema), widths));
+            rows_now.shape_for(fits);
             let need = rows_now.capacity_after(rows.len());
             let held = spill.reservation.size();
-            spill.reservation.try_grow(need.saturating_sub(held))
+            Ok(spill.reservation.try_grow(need.saturating_sub(held)))
         };
+        // A buffer is written when it holds the bytes of `work_rows` rows gathered
+        // wide (what the build's headroom counts for it): more rows when gathered
+        // 32 bits wide, so fewer, larger writes.
+        let full_bytes = ctx.plan.work_rows * widths.iter().sum::<usize>();
         let append = |spill: &mut ProbeSpill| -> Result<()> {
+            let mut row_bytes = widths.iter().sum::<usize>();
             if let Some(gathered) = spill.gathered.as_mut() {
                 gathered.append(columns, rows, hashes)?;
+                row_bytes = gathered.row_bytes();
             }
             spill.rows += rows.len();
-            if spill.rows >= ctx.plan.work_rows {
+            if spill.rows * row_bytes >= full_bytes {
                 self.flush(ctx, spill)?;
             }
             Ok(())
         };
         {
             let mut spill = lock(slot);
-            if reserve(&mut spill).is_ok() {
+            if reserve(&mut spill)?.is_ok() {
                 return append(&mut spill);
             }
             self.flush(ctx, &mut spill)?;
-            if reserve(&mut spill).is_ok() {
+            if reserve(&mut spill)?.is_ok() {
                 return append(&mut spill);
             }
         }
@@ -319,17 +342,23 @@ impl ProbeState {
             let mut appended = None;
             self.free_buffers(ctx, || {
                 let mut spill = lock(slot);
-                let fits = reserve(&mut spill).is_ok();
-                if fits {
-                    appended = Some(append(&mut spill));
+                match reserve(&mut spill) {
+                    Ok(Ok(())) => {
+                        appended = Some(append(&mut spill));
+                        true
+                    }
+                    Ok(Err(_)) => false,
+                    Err(e) => {
+                        appended = Some(Err(e));
+                        true
+                    }
                 }
-                fits
             })?;
             if let Some(result) = appended {
                 return result;
             }
             let mut spill = lock(slot);
-            match reserve(&mut spill) {
+            match reserve(&mut spill)? {
                 Ok(()) => return append(&mut spill),
                 Err(_) if attempt < RESERVE_RETRIES => {
                     drop(spill);
@@ -449,6 +478,9 @@ pub(crate) struct Prober<'a> {
     /// The current batch's columns as `ArrayData`, made by the first partition that
     /// gathers rows from it ([`crate::gather`]); cleared for every batch.
     batch_data: Vec<ArrayData>,
+    /// Per column of `batch_data`: gathered for a spill file as `Int32`, if it may
+    /// be and all its values fit ([`FixedRows::halving`]).
+    batch_fits: Vec<bool>,
 }
 
 /// How often the spilled partitions' bloom filters ruled probe rows out.
@@ -514,6 +546,7 @@ impl<'a> Prober<'a> {
             pair_build: Vec::with_capacity(ctx.plan.work_rows),
             bloom_tally: BloomTally::default(),
             batch_data: Vec::new(),
+            batch_fits: Vec::new(),
         }
     }
 
@@ -657,11 +690,23 @@ impl<'a> Prober<'a> {
             // The batch's columns as ArrayData, once per batch (not per partition).
             if self.batch_data.is_empty() {
                 self.batch_data = batch.columns().iter().map(|c| c.to_data()).collect();
+                let halvable = &self.state.halvable;
+                self.batch_fits = batch
+                    .columns()
+                    .iter()
+                    .enumerate()
+                    .map(|(i, c)| halvable.get(i) == Some(&true) && spilljoin_spill::fits_i32(c))
+                    .collect();
             }
             let hashes = ctx.plan.spills_hashes().then_some(&self.hashes[..]);
-            return self
-                .state
-                .spill_gathered(ctx, p, &self.batch_data, &rows, hashes);
+            return self.state.spill_gathered(
+                ctx,
+                p,
+                &self.batch_data,
+                &self.batch_fits,
+                &rows,
+                hashes,
+            );
         }
         let hashes: Vec<u64> = if ctx.plan.spills_hashes() {
             rows.iter().map(|&r| self.hashes[r as usize]).collect()

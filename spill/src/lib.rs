@@ -123,7 +123,7 @@ pub use config::{ParseSpillOptionError, SpillCompression, SpillConfig, SpillRead
 pub use error::SpillError;
 pub use file::SpillFile;
 pub use manager::{SpillManager, SpillMetrics};
-pub use narrow::{file_schema, NARROWED_KEY};
+pub use narrow::{file_schema, fits_i32, segment_schema, NARROWED_KEY};
 pub use reader::{read_spill_file, SpillReader, UNTRUSTED_DECODED_BYTES_MAX};
 pub use writer::SpillWriter;
 

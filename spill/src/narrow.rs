@@ -102,8 +102,10 @@ pub(crate) fn halvable(wide: &Schema) -> Vec<usize> {
         .collect()
 }
 
-/// The schema of a segment: `wide` with the columns `halved` as `Int32`.
-pub(crate) fn segment_schema(wide: &SchemaRef, halved: &[usize]) -> SchemaRef {
+/// The schema of a segment of a file whose wide schema ([`file_schema`]) is `wide`:
+/// `wide` with the columns `halved` (`Int64` columns of it) as `Int32`. A writer
+/// also takes batches already in such a schema, gathered halved by the caller.
+pub fn segment_schema(wide: &SchemaRef, halved: &[usize]) -> SchemaRef {
     if halved.is_empty() {
         return Arc::clone(wide);
     }
@@ -126,8 +128,12 @@ pub(crate) fn segment_schema(wide: &SchemaRef, halved: &[usize]) -> SchemaRef {
 }
 
 /// Whether every value of `column` (an `Int64` or `Decimal128` column; null slots
-/// included, whatever they hold) fits an `i32`.
-pub(crate) fn fits_i32(column: &dyn Array) -> bool {
+/// included, whatever they hold) fits an `i32`; `true` for an `Int32` column, `false`
+/// for any other.
+pub fn fits_i32(column: &dyn Array) -> bool {
+    if column.data_type() == &DataType::Int32 {
+        return true;
+    }
     // `v` fits iff `v + 2^31` lies in `0..2^32`: one add and one OR a value, which
     // vectorise without 64-bit comparisons (absent from baseline x86-64).
     const BIAS: i64 = 1 << 31;
@@ -210,8 +216,9 @@ fn narrows(data_type: &DataType) -> bool {
     matches!(data_type, DataType::Decimal128(p, _) if *p <= 18)
 }
 
-/// `batch` (of the logical or the wide file schema) in `segment`, a schema from
-/// [`segment_schema`] whose `Int32` columns the caller has checked with [`fits_i32`].
+/// `batch` (of the logical or the wide file schema, or of another segment's) in
+/// `segment`, a schema from [`segment_schema`] whose `Int32` columns the caller has
+/// checked with [`fits_i32`].
 ///
 /// # Errors
 /// A decimal value that does not fit in 64 bits.
@@ -229,6 +236,12 @@ pub(crate) fn narrow(batch: &RecordBatch, segment: &SchemaRef) -> Result<RecordB
                 debug_assert!(fits_i32(decimals));
                 let halved: Int32Array = decimals.unary(|v| v as i32);
                 Ok(Arc::new(halved))
+            }
+            (DataType::Int64, DataType::Int32) => {
+                // Gathered halved by the caller, written wide in this segment.
+                let ints = column.as_primitive::<Int32Type>();
+                let widened: Int64Array = ints.unary(i64::from);
+                Ok(Arc::new(widened))
             }
             (DataType::Int64, DataType::Decimal128(..)) => {
                 let decimals = column.as_primitive::<Decimal128Type>();

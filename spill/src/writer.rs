@@ -33,7 +33,7 @@ use std::sync::Arc;
 use arrow_array::RecordBatch;
 use arrow_buffer::Buffer;
 use arrow_ipc::writer::{IpcWriteOptions, StreamEncoder};
-use arrow_schema::SchemaRef;
+use arrow_schema::{DataType, SchemaRef};
 
 use crate::config::SpillCompression;
 use crate::error::SpillError;
@@ -198,8 +198,9 @@ impl SpillWriter {
     /// Appends one batch. Empty batches are written too (as zero-row
     /// messages) and read back. A batch may also come in the file's schema
     /// ([`crate::file_schema`] of the writer's: decimals of at most 18 digits as
-    /// `Int64`), gathered narrow by the caller; it is read back in the writer's
-    /// schema like any other. `Int64` columns (decimals included) whose values fit
+    /// `Int64`) or in a segment schema of it ([`crate::segment_schema`]: some of
+    /// those `Int64` columns as `Int32`), gathered narrow by the caller; it is read
+    /// back in the writer's schema like any other. `Int64` columns (decimals included) whose values fit
     /// in 32 bits are written as `Int32` (see the crate's `narrow` module).
     ///
     /// # Errors
@@ -215,8 +216,7 @@ impl SpillWriter {
     pub fn write(&mut self, batch: &RecordBatch) -> Result<(), SpillError> {
         self.check_usable()?;
         let found = batch.schema_ref();
-        let in_file_schema = Arc::ptr_eq(found, &self.file_schema) || **found == *self.file_schema;
-        if !in_file_schema && !Arc::ptr_eq(found, &self.schema) && **found != *self.schema {
+        if !self.takes(found) {
             return Err(SpillError::SchemaMismatch {
                 path: self.path.clone(),
                 expected: self.schema.clone(),
@@ -249,20 +249,21 @@ impl SpillWriter {
             None => Arc::clone(&self.segment_schema),
         };
         let converted;
-        let batch =
-            if Arc::ptr_eq(&segment_schema, &self.schema) || Arc::ptr_eq(&segment_schema, found) {
-                batch
-            } else {
-                // Refused (nothing written, the writer stays usable) if a decimal does
-                // not fit in 64 bits.
-                converted = crate::narrow::narrow(batch, &segment_schema).map_err(|source| {
-                    SpillError::Arrow {
-                        path: self.path.clone(),
-                        source,
-                    }
-                })?;
-                &converted
-            };
+        // Written as it is only if it is in the segment's schema already (a batch of
+        // the writer's schema is when nothing narrows).
+        let batch = if Arc::ptr_eq(&segment_schema, found) || **found == *segment_schema {
+            batch
+        } else {
+            // Refused (nothing written, the writer stays usable) if a decimal does
+            // not fit in 64 bits.
+            converted = crate::narrow::narrow(batch, &segment_schema).map_err(|source| {
+                SpillError::Arrow {
+                    path: self.path.clone(),
+                    source,
+                }
+            })?;
+            &converted
+        };
         // Whatever happens next may leave the encoder's dictionary tracker
         // ahead of the file; only success clears the flag again.
         self.failed = true;
@@ -296,6 +297,22 @@ impl SpillWriter {
         manager.rows_written.fetch_add(rows, Ordering::Relaxed);
         manager.batches_written.fetch_add(1, Ordering::Relaxed);
         Ok(())
+    }
+
+    /// Whether a batch of schema `found` may be written: the writer's schema, its wide
+    /// file schema, or a segment schema of it (some `Int64` columns as `Int32`).
+    fn takes(&self, found: &SchemaRef) -> bool {
+        let same = |schema: &SchemaRef| Arc::ptr_eq(found, schema) || **found == **schema;
+        if same(&self.schema) || same(&self.file_schema) || same(&self.segment_schema) {
+            return true;
+        }
+        let halved: Vec<usize> = self
+            .halvable
+            .iter()
+            .copied()
+            .filter(|&c| found.fields().get(c).map(|f| f.data_type()) == Some(&DataType::Int32))
+            .collect();
+        !halved.is_empty() && same(&crate::narrow::segment_schema(&self.file_schema, &halved))
     }
 
     /// Rows written so far.

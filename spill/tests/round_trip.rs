@@ -333,3 +333,70 @@ fn columns_written_in_32_bits_widen_when_a_batch_needs_it() -> Result<(), Box<dy
     assert_eq!(read_all(&narrow)?, vec![rows(1)?]);
     Ok(())
 }
+
+#[test]
+fn batches_gathered_halved_read_back_wide_in_any_order() -> Result<(), Box<dyn std::error::Error>> {
+    use arrow_array::{Decimal128Array, Int32Array};
+    let logical = Arc::new(Schema::new(vec![
+        Field::new("k", DataType::Int64, false),
+        Field::new("price", DataType::Decimal128(15, 2), true),
+    ]));
+    let wide = spilljoin_spill::file_schema(&logical);
+    let logical_batch = |k: Vec<i64>, p: Vec<Option<i128>>| {
+        RecordBatch::try_new(
+            logical.clone(),
+            vec![
+                Arc::new(Int64Array::from(k)),
+                Arc::new(Decimal128Array::from(p).with_precision_and_scale(15, 2)?),
+            ],
+        )
+    };
+    // Both columns halved; only the price; the same rows in the logical schema.
+    let both = RecordBatch::try_new(
+        spilljoin_spill::segment_schema(&wide, &[0, 1]),
+        vec![
+            Arc::new(Int32Array::from(vec![1, -2])),
+            Arc::new(Int32Array::from(vec![Some(5), None])),
+        ],
+    )?;
+    let price_only = RecordBatch::try_new(
+        spilljoin_spill::segment_schema(&wide, &[1]),
+        vec![
+            Arc::new(Int64Array::from(vec![1 << 40])),
+            Arc::new(Int32Array::from(vec![Some(-7)])),
+        ],
+    )?;
+    let both_read = logical_batch(vec![1, -2], vec![Some(5), None])?;
+    let price_only_read = logical_batch(vec![1 << 40], vec![Some(-7)])?;
+    // Halved, then a key that needs 64 bits (a new segment), then halved again
+    // (widened by the writer into that segment).
+    for mode in READ_MODES {
+        let m = manager(SpillCompression::None, mode);
+        let mut writer = m.create_writer(logical.clone(), "halved")?;
+        writer.write(&both)?;
+        writer.write(&price_only)?;
+        writer.write(&both)?;
+        // Int32 where the file has no Int64 column is still refused.
+        let bad = RecordBatch::try_new(
+            Arc::new(Schema::new(vec![
+                Field::new("k", DataType::Int32, false),
+                Field::new("price", DataType::Int32, true),
+            ])),
+            vec![
+                Arc::new(Int32Array::from(vec![1])),
+                Arc::new(Int32Array::from(vec![1])),
+            ],
+        )?;
+        assert!(writer.write(&bad).is_err());
+        let file = writer.finish()?;
+        assert_eq!(
+            read_all(&file)?,
+            vec![
+                both_read.clone(),
+                price_only_read.clone(),
+                both_read.clone()
+            ]
+        );
+    }
+    Ok(())
+}

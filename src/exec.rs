@@ -504,13 +504,9 @@ fn join_spilled_pairs(
                 Some(bytes.saturating_sub(plan.pool.reserved()) / workers)
             }
         };
-        // A pair fits its share when its build file, twice over (its table and the
-        // transient copies), takes at most half of it (as in `sub_level_bits`).
+        // A pair fits its share when what it takes to join in one piece does.
         let fits = |pair: &Pair| {
-            share.is_none_or(|share| {
-                let bytes = usize::try_from(pair.0.bytes()).unwrap_or(usize::MAX);
-                share >= MIN_PAIR_SHARE && bytes.saturating_mul(2) <= share / 2
-            })
+            share.is_none_or(|share| share >= MIN_PAIR_SHARE && pair_bytes(plan, &pair.0) <= share)
         };
         let (side_by_side, alone): (Vec<Pair>, Vec<Pair>) = pairs.into_iter().partition(fits);
         pairs = alone;
@@ -665,8 +661,7 @@ fn join_pair(
 }
 
 /// The radix bits of the level below for a spilled pair: [`SUB_LEVEL_BITS`], or, when
-/// the pair's build side clearly fits in the memory left (its file bytes, twice over
-/// for the table and the build's transient copies, in half of what is free), only
+/// the pair clearly fits in the memory left ([`pair_bytes`]), only
 /// enough partitions for every thread to build a table — one for a pair joined on one
 /// thread (side by side, or `--threads 1`): more would cut every batch into more,
 /// smaller fragments and probe two tables for nothing (SF10 orders ⋈ lineitem at a
@@ -677,14 +672,37 @@ fn join_pair(
 fn sub_level_bits(plan: &JoinPlan, build_file: &SpillFile) -> u32 {
     let limit = plan.pool.limit().bytes();
     let free = limit.saturating_sub(plan.pool.reserved());
-    let need = usize::try_from(build_file.bytes())
-        .unwrap_or(usize::MAX)
-        .saturating_mul(2);
-    if need <= free / 2 {
+    if pair_bytes(plan, build_file) <= free {
         plan.threads.max(1).next_power_of_two().ilog2()
     } else {
         SUB_LEVEL_BITS
     }
+}
+
+/// About the memory joining a spilled pair in one piece takes: its build rows in
+/// memory, their hashes while a word key's table is built, the table, and a probe
+/// worker's batches beside them. Rows of fixed-width columns are counted at their
+/// width in memory (a spill file may hold them narrower, [`spilljoin_spill::segment_schema`]);
+/// others at four times the file's bytes (their concatenation, the key encoding and
+/// the table).
+///
+/// Counted by the file's bytes alone, a one-column build of 268K `Int64` keys per
+/// pair (TPC-H `NOT IN`, SF10, 25%) seemed to fit a share of 8.8 MB in 2.2 MB; it
+/// took 4 MiB of rows, 5.2 MB of table and 2.1 MB of hashes, and all 32 pairs were
+/// joined in chunks.
+fn pair_bytes(plan: &JoinPlan, build_file: &SpillFile) -> usize {
+    let rows = usize::try_from(build_file.rows()).unwrap_or(usize::MAX);
+    let file = usize::try_from(build_file.bytes()).unwrap_or(usize::MAX);
+    let build = match crate::gather::fixed_widths(&plan.spill_schema(true)) {
+        Some(widths) => {
+            let hashes = if plan.spills_hashes() { 0 } else { 8 };
+            rows.saturating_mul(widths.iter().sum::<usize>() + hashes)
+                .saturating_add(crate::table::ChainedTable::size_for(rows))
+        }
+        None => file.saturating_mul(4),
+    };
+    let probe = Prober::bytes_for(plan.work_rows, plan.work_rows) + 3 * plan.work_rows * 32;
+    build.saturating_add(probe)
 }
 
 /// Joins a spilled pair that its hash bits cannot split.

@@ -139,3 +139,51 @@ fn the_smaller_input_builds_by_bytes_then_rows() {
         Side::Right
     );
 }
+
+/// A spilled pair is joined beside another only when its rows, their table and a
+/// probe worker's batches fit its share, counted at their width in memory: one
+/// `Int64` key column spills in 4 bytes a row while its values fit, but takes 8 in
+/// memory, 8 more for its hashes and ~12 for its table. Judged by its file's bytes,
+/// each of these 250K-row pairs seemed to fit a share of 4.5 MiB and was joined in
+/// chunks when it did not; joined alone with the whole limit, it fits.
+#[test]
+fn spilled_pairs_are_sized_by_their_rows_in_memory_not_their_files() {
+    use arrow_array::{ArrayRef, Int64Array};
+    const ROWS: i64 = 1_000_000;
+    let batches = |name: &str, stride: i64| -> Vec<Result<RecordBatch, arrow_schema::ArrowError>> {
+        (0..ROWS / 8192 + 1)
+            .map(|i| {
+                let keys: Int64Array = (i * 8192..((i + 1) * 8192).min(ROWS))
+                    .map(|k| (k * stride) % (ROWS * 7))
+                    .collect();
+                Ok(RecordBatch::try_from_iter([(
+                    name,
+                    Arc::new(keys) as ArrayRef,
+                )])?)
+            })
+            .collect()
+    };
+    let probe = batches("p", 7);
+    let build = batches("b", 7);
+    let schema = |b: &[Result<RecordBatch, _>]| b[0].as_ref().map(|b| b.schema()).ok();
+    let (Some(ps), Some(bs)) = (schema(&probe), schema(&build)) else {
+        panic!("no batches")
+    };
+    let pool: Arc<dyn MemoryPool> = Arc::new(GreedyMemoryPool::new(9 << 20));
+    let mut stream = HashJoinBuilder::new(ps, bs, [("p", "b")])
+        .with_join_type(JoinType::Inner)
+        .with_memory_pool(pool)
+        .with_partition_bits(2)
+        .with_threads(2)
+        .build()
+        .and_then(|join| join.execute(probe, build))
+        .unwrap_or_else(|e| panic!("{e}"));
+    let rows: usize = stream
+        .by_ref()
+        .map(|b| b.map(|b| b.num_rows()).unwrap_or_else(|e| panic!("{e}")))
+        .sum();
+    assert_eq!(rows, ROWS as usize);
+    let m = stream.metrics();
+    assert!(m.partitions_spilled > 0, "{m:?}");
+    assert_eq!(m.fallbacks, 0, "{m:?}");
+}

@@ -156,10 +156,7 @@ fn spilled_pairs_are_sized_by_their_rows_in_memory_not_their_files() {
                 let keys: Int64Array = (i * 8192..((i + 1) * 8192).min(ROWS))
                     .map(|k| (k * stride) % (ROWS * 7))
                     .collect();
-                Ok(RecordBatch::try_from_iter([(
-                    name,
-                    Arc::new(keys) as ArrayRef,
-                )])?)
+                RecordBatch::try_from_iter([(name, Arc::new(keys) as ArrayRef)])
             })
             .collect()
     };

@@ -178,7 +178,7 @@ impl PartitionBuffer {
         };
         let gathered = match self.gathered.as_mut() {
             Some(g) if g.len() > 0 => {
-                g.expect_rows(g.len().min(batch_rows));
+                g.expect_rows(g.len().min(g.rows_in_bytes_of(batch_rows)));
                 Some(g.finish()?)
             }
             _ => None,
@@ -272,6 +272,14 @@ pub(crate) struct BuildCollector<'a> {
     /// The spill schema's column widths when they are all fixed: partitions gather
     /// their rows in place (`PartitionBuffer::gathered`) instead of keeping fragments.
     widths: Option<Vec<usize>>,
+    /// The spill files' wide schema ([`spilljoin_spill::file_schema`]) and its widths:
+    /// a spilled partition gathers its rows in it, halved where they fit
+    /// ([`FixedRows::halving`]), since they are only ever written.
+    file_schema: SchemaRef,
+    file_widths: Option<Vec<usize>>,
+    /// Per column of the file schema: `Int64`, so gathered as `Int32` when a batch's
+    /// values fit.
+    halvable: Vec<bool>,
     /// The smallest and largest key word of the partitioned rows (one-word keys), for
     /// a key index shared by all partitions (`share_key_index`).
     word_bounds: Mutex<Option<(u64, u64)>>,
@@ -283,6 +291,7 @@ impl<'a> BuildCollector<'a> {
             .with_can_spill(true)
             .register(&ctx.plan.pool);
         let fan_out = level.bits.fan_out();
+        let file_schema = spilljoin_spill::file_schema(&ctx.plan.spill_schema(true));
         Self {
             ctx,
             level,
@@ -296,6 +305,13 @@ impl<'a> BuildCollector<'a> {
             written: Condvar::new(),
             spill_schema: ctx.plan.spill_schema(true),
             widths: fixed_widths(&ctx.plan.spill_schema(true)),
+            file_widths: fixed_widths(&file_schema),
+            halvable: file_schema
+                .fields()
+                .iter()
+                .map(|f| f.data_type() == &arrow_schema::DataType::Int64)
+                .collect(),
+            file_schema,
             word_bounds: Mutex::new(None),
             base,
             largest_batch_bytes: AtomicUsize::new(0),
@@ -761,14 +777,21 @@ impl<'a> BuildCollector<'a> {
         }
         grouped.group(self.level.bits, hashes, |row| !never_matches(row));
         let keep_hashes = plan.spills_hashes();
-        if let Some(widths) = self.widths.as_deref() {
+        if self.widths.is_some() {
             // Every column has a fixed width: each partition gathers its rows in
             // place, copied once.
             let data: Vec<ArrayData> = batch.columns().iter().map(|c| c.to_data()).collect();
+            // Which columns spilled partitions may gather 32 bits wide (one pass each).
+            let fits: Vec<bool> = batch
+                .columns()
+                .iter()
+                .zip(&self.halvable)
+                .map(|(c, &halvable)| halvable && spilljoin_spill::fits_i32(c))
+                .collect();
             for p in 0..self.level.bits.fan_out() {
                 let rows = grouped.partition(p);
                 if !rows.is_empty() {
-                    self.add_rows(p, widths, &data, rows, hashes, pending)?;
+                    self.add_rows(p, &data, &fits, rows, hashes, pending)?;
                 }
             }
             mine.free();
@@ -798,19 +821,24 @@ impl<'a> BuildCollector<'a> {
     }
 
     /// Gathers rows `rows` of `columns` (a build batch whose rows' hashes are
-    /// `hashes`) into partition `p`. What the
+    /// `hashes`, and whose columns fit in 32 bits where `fits` says so) into
+    /// partition `p`: in its spill files' narrow form once it has spilled. What the
     /// partition's buffers grow by is reserved first, spilling if needed, with no lock
     /// held; the rows are copied under the lock.
     fn add_rows(
         &self,
         p: usize,
-        widths: &[usize],
         columns: &[ArrayData],
+        fits: &[bool],
         rows: &[u32],
         hashes: &[u64],
         pending: &mut MemoryReservation,
     ) -> Result<()> {
-        let batch_size = self.plan().work_rows;
+        let Some(widths) = self.widths.as_deref() else {
+            return Err(JoinError::InvalidJoin(
+                "internal: gathering rows of variable width".into(),
+            ));
+        };
         // The spill schema's hash column, where it has one.
         let hash_column = self.plan().spills_hashes().then_some(hashes);
         loop {
@@ -818,9 +846,33 @@ impl<'a> BuildCollector<'a> {
                 let mut guard = lock(&self.state);
                 let state = &mut *guard;
                 let part = &mut state.partitions[p];
+                let spilled = part.writer.is_some();
+                if spilled && part.gathered.as_ref().is_some_and(|g| !g.admits(fits)) {
+                    // Gathered 32 bits wide where these rows do not fit: written first.
+                    self.write_out(guard, p)?;
+                    continue;
+                }
+                // Once spilled (and emptied), a partition gathers in its files' schema.
+                let file_widths = self
+                    .file_widths
+                    .as_deref()
+                    .filter(|_| spilled && self.halvable.contains(&true));
+                if let Some(file_widths) = file_widths {
+                    if part
+                        .gathered
+                        .as_ref()
+                        .is_none_or(|g| g.len() == 0 && !g.is_halving())
+                    {
+                        part.gathered = Some(FixedRows::halving(
+                            Arc::clone(&self.file_schema),
+                            file_widths,
+                        ));
+                    }
+                }
                 let gathered = part
                     .gathered
                     .get_or_insert_with(|| FixedRows::new(Arc::clone(&self.spill_schema), widths));
+                gathered.shape_for(fits);
                 let after = gathered.capacity_after(rows.len());
                 let growth = after.saturating_sub(part.bytes);
                 let held = pending.size().min(growth);
@@ -836,7 +888,10 @@ impl<'a> BuildCollector<'a> {
                     }
                     // A spilled partition writes its rows a batch at a time, without
                     // the collector's lock held.
-                    if part.writer.is_some() && part.rows >= batch_size {
+                    // (By bytes: a buffer gathered 32 bits wide holds more rows.)
+                    if part.writer.is_some()
+                        && part.rows >= gathered.rows_in_bytes_of(self.plan().work_rows)
+                    {
                         self.write_out(guard, p)?;
                     }
                     return Ok(());

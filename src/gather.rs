@@ -388,6 +388,8 @@ pub(crate) struct FixedRows {
     expected_rows: usize,
     /// The segment schema of the last halved columns ([`FixedRows::halving`]).
     halved_schema: Option<(Vec<usize>, SchemaRef)>,
+    /// The widths it was made with, summed.
+    wide_row_bytes: usize,
 }
 
 impl FixedRows {
@@ -414,6 +416,7 @@ impl FixedRows {
             len: 0,
             expected_rows: 0,
             halved_schema: None,
+            wide_row_bytes: widths.iter().sum(),
         }
     }
 
@@ -430,14 +433,23 @@ impl FixedRows {
         rows
     }
 
+    /// Whether these rows were made by [`halving`](Self::halving) (and have a column
+    /// that may halve).
+    pub fn is_halving(&self) -> bool {
+        self.columns.iter().any(|c| c.halvable)
+    }
+
     /// Whether rows of a batch whose columns fit in 32 bits where `fits` says so
     /// ([`spilljoin_spill::fits_i32`], one per column, the hash column excepted) can
     /// join the buffered ones: not if a column gathered halved would not fit.
     pub fn admits(&self, fits: &[bool]) -> bool {
-        self.columns
-            .iter()
-            .zip(fits.iter().copied().chain(std::iter::repeat(false)))
-            .all(|(c, fits)| !c.halved || fits)
+        // Empty buffers take the next batch's shape ([`shape_for`](Self::shape_for)).
+        self.len == 0
+            || self
+                .columns
+                .iter()
+                .zip(fits.iter().copied().chain(std::iter::repeat(false)))
+                .all(|(c, fits)| !c.halved || fits)
     }
 
     /// While the buffers are empty, gathers halvable columns as `Int32` where `fits`
@@ -461,6 +473,11 @@ impl FixedRows {
     /// The bytes a row takes in the buffers (their columns' widths as gathered now).
     pub fn row_bytes(&self) -> usize {
         self.columns.iter().map(|c| c.width).sum()
+    }
+
+    /// The rows that take the bytes of `rows` wide rows as gathered now.
+    pub fn rows_in_bytes_of(&self, rows: usize) -> usize {
+        rows * self.wide_row_bytes / self.row_bytes().max(1)
     }
 
     /// Allocates the buffers, when they are next empty, for `rows` rows at once (the
@@ -951,7 +968,8 @@ mod tests {
         };
         assert_eq!(ints(0)?, [Some(30), Some(10), Some(-20)]);
         assert_eq!(ints(1)?, [Some(i32::MAX), Some(-5), None]);
-        // Emptied, the buffers take the next batch's shape: the key wide.
+        // Emptied, the buffers admit any batch and take its shape: the key wide.
+        assert!(rows.admits(&[false, false]));
         let big = Int64Array::from(vec![1 << 40]);
         let d1 = Decimal128Array::from(vec![Some(3)]).with_precision_and_scale(15, 2)?;
         rows.shape_for(&[false, true]);

@@ -312,15 +312,14 @@ impl ProbeState {
         // A buffer is written when it holds the bytes of `work_rows` rows gathered
         // wide (what the build's headroom counts for it): more rows when gathered
         // 32 bits wide, so fewer, larger writes.
-        let full_bytes = ctx.plan.work_rows * widths.iter().sum::<usize>();
         let append = |spill: &mut ProbeSpill| -> Result<()> {
-            let mut row_bytes = widths.iter().sum::<usize>();
+            let mut full = ctx.plan.work_rows;
             if let Some(gathered) = spill.gathered.as_mut() {
                 gathered.append(columns, rows, hashes)?;
-                row_bytes = gathered.row_bytes();
+                full = gathered.rows_in_bytes_of(full);
             }
             spill.rows += rows.len();
-            if spill.rows * row_bytes >= full_bytes {
+            if spill.rows >= full {
                 self.flush(ctx, spill)?;
             }
             Ok(())

@@ -280,6 +280,9 @@ pub(crate) struct BuildCollector<'a> {
     /// Per column of the file schema: `Int64`, so gathered as `Int32` when a batch's
     /// values fit.
     halvable: Vec<bool>,
+    /// Whether some partition has spilled (until then no batch is checked for what
+    /// fits in 32 bits).
+    any_spilled: AtomicBool,
     /// The smallest and largest key word of the partitioned rows (one-word keys), for
     /// a key index shared by all partitions (`share_key_index`).
     word_bounds: Mutex<Option<(u64, u64)>>,
@@ -313,6 +316,7 @@ impl<'a> BuildCollector<'a> {
                 .collect(),
             file_schema,
             word_bounds: Mutex::new(None),
+            any_spilled: AtomicBool::new(false),
             base,
             largest_batch_bytes: AtomicUsize::new(0),
             bounds: Mutex::default(),
@@ -434,6 +438,7 @@ impl<'a> BuildCollector<'a> {
     ) -> Result<()> {
         let ctx = self.ctx;
         let label = format!("build-d{}-p{p}", self.level.depth);
+        self.any_spilled.store(true, Ordering::Relaxed);
         part.writer = Some(Arc::new(Mutex::new(
             ctx.spill
                 .create_writer(Arc::clone(&self.spill_schema), &label)?,
@@ -781,12 +786,15 @@ impl<'a> BuildCollector<'a> {
             // Every column has a fixed width: each partition gathers its rows in
             // place, copied once.
             let data: Vec<ArrayData> = batch.columns().iter().map(|c| c.to_data()).collect();
-            // Which columns spilled partitions may gather 32 bits wide (one pass each).
+            // Which columns spilled partitions may gather 32 bits wide (one pass each,
+            // once a partition has spilled; a partition that spills meanwhile gathers
+            // these rows wide).
+            let any_spilled = self.any_spilled.load(Ordering::Relaxed);
             let fits: Vec<bool> = batch
                 .columns()
                 .iter()
                 .zip(&self.halvable)
-                .map(|(c, &halvable)| halvable && spilljoin_spill::fits_i32(c))
+                .map(|(c, &halvable)| any_spilled && halvable && spilljoin_spill::fits_i32(c))
                 .collect();
             for p in 0..self.level.bits.fan_out() {
                 let rows = grouped.partition(p);

@@ -309,11 +309,7 @@ impl<'a> BuildCollector<'a> {
             spill_schema: ctx.plan.spill_schema(true),
             widths: fixed_widths(&ctx.plan.spill_schema(true)),
             file_widths: fixed_widths(&file_schema),
-            halvable: file_schema
-                .fields()
-                .iter()
-                .map(|f| f.data_type() == &arrow_schema::DataType::Int64)
-                .collect(),
+            halvable: crate::gather::halvable(&file_schema),
             file_schema,
             word_bounds: Mutex::new(None),
             any_spilled: AtomicBool::new(false),
@@ -789,13 +785,11 @@ impl<'a> BuildCollector<'a> {
             // Which columns spilled partitions may gather 32 bits wide (one pass each,
             // once a partition has spilled; a partition that spills meanwhile gathers
             // these rows wide).
-            let any_spilled = self.any_spilled.load(Ordering::Relaxed);
-            let fits: Vec<bool> = batch
-                .columns()
-                .iter()
-                .zip(&self.halvable)
-                .map(|(c, &halvable)| any_spilled && halvable && spilljoin_spill::fits_i32(c))
-                .collect();
+            let fits = if self.any_spilled.load(Ordering::Relaxed) {
+                crate::gather::fits_i32(batch, &self.halvable)
+            } else {
+                Vec::new()
+            };
             for p in 0..self.level.bits.fan_out() {
                 let rows = grouped.partition(p);
                 if !rows.is_empty() {

@@ -29,6 +29,29 @@ use arrow_schema::{DataType, SchemaRef};
 
 use crate::error::{JoinError, Result};
 
+/// Per column of a spill file's wide schema ([`spilljoin_spill::file_schema`]):
+/// whether [`FixedRows::halving`] may gather it as `Int32` (its `Int64` columns).
+pub(crate) fn halvable(schema: &SchemaRef) -> Vec<bool> {
+    schema
+        .fields()
+        .iter()
+        .map(|f| f.data_type() == &DataType::Int64)
+        .collect()
+}
+
+/// Per column of `batch` (the columns a [`halvable`] mask is over, a hash column
+/// excepted): halvable, and every value fits in 32 bits
+/// ([`spilljoin_spill::fits_i32`]): what [`FixedRows::shape_for`] and
+/// [`FixedRows::admits`] take.
+pub(crate) fn fits_i32(batch: &RecordBatch, halvable: &[bool]) -> Vec<bool> {
+    batch
+        .columns()
+        .iter()
+        .zip(halvable.iter().copied().chain(std::iter::repeat(false)))
+        .map(|(c, halvable)| halvable && spilljoin_spill::fits_i32(c))
+        .collect()
+}
+
 /// The byte width of each column of `schema`, if every column has a fixed width that
 /// [`FixedRows`] can gather (primitive types, decimals, dates, times, timestamps,
 /// durations and intervals).
@@ -886,8 +909,8 @@ mod tests {
         Ok(())
     }
 
-    #[test]
-    fn decimals_gather_narrowed_into_a_spill_file_schema() -> TestResult {
+    /// A spill file schema of a key, a decimal and a hash column, and its widths.
+    fn key_decimal_hash() -> std::result::Result<(SchemaRef, Vec<usize>), &'static str> {
         let logical: SchemaRef = Arc::new(Schema::new(vec![
             Field::new("k", DataType::Int64, false),
             Field::new("d", DataType::Decimal128(15, 2), true),
@@ -895,6 +918,12 @@ mod tests {
         ]));
         let schema = spilljoin_spill::file_schema(&logical);
         let widths = fixed_widths(&schema).ok_or("not fixed width")?;
+        Ok((schema, widths))
+    }
+
+    #[test]
+    fn decimals_gather_narrowed_into_a_spill_file_schema() -> TestResult {
+        let (schema, widths) = key_decimal_hash()?;
         assert_eq!(widths, vec![8, 8, 8]);
         let hashes = [11u64, 12, 13, 14];
         let k = Int64Array::from(vec![10, 20, 30, 40]);
@@ -936,13 +965,7 @@ mod tests {
 
     #[test]
     fn halving_rows_gather_int32_while_their_batches_fit() -> TestResult {
-        let logical: SchemaRef = Arc::new(Schema::new(vec![
-            Field::new("k", DataType::Int64, false),
-            Field::new("d", DataType::Decimal128(15, 2), true),
-            Field::new("h", DataType::UInt64, false),
-        ]));
-        let schema = spilljoin_spill::file_schema(&logical);
-        let widths = fixed_widths(&schema).ok_or("not fixed width")?;
+        let (schema, widths) = key_decimal_hash()?;
         let k = Int64Array::from(vec![10, -20, 30]);
         let d = Decimal128Array::from(vec![Some(-5), None, Some(i128::from(i32::MAX))])
             .with_precision_and_scale(15, 2)?;

@@ -175,11 +175,7 @@ impl ProbeState {
             spill_schema: plan.spill_schema(false),
             gather_schema: Arc::clone(&gather_schema),
             fixed_widths: fixed_widths(&gather_schema),
-            halvable: gather_schema
-                .fields()
-                .iter()
-                .map(|f| f.data_type() == &arrow_schema::DataType::Int64)
-                .collect(),
+            halvable: crate::gather::halvable(&gather_schema),
             _reservation: reservation,
         })
     }
@@ -689,13 +685,7 @@ impl<'a> Prober<'a> {
             // The batch's columns as ArrayData, once per batch (not per partition).
             if self.batch_data.is_empty() {
                 self.batch_data = batch.columns().iter().map(|c| c.to_data()).collect();
-                let halvable = &self.state.halvable;
-                self.batch_fits = batch
-                    .columns()
-                    .iter()
-                    .enumerate()
-                    .map(|(i, c)| halvable.get(i) == Some(&true) && spilljoin_spill::fits_i32(c))
-                    .collect();
+                self.batch_fits = crate::gather::fits_i32(batch, &self.state.halvable);
             }
             let hashes = ctx.plan.spills_hashes().then_some(&self.hashes[..]);
             return self.state.spill_gathered(

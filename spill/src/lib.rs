@@ -29,12 +29,16 @@
 //!
 //! # Files
 //!
-//! A spill file is a plain Arrow IPC *stream* (schema message, then one
+//! A spill file is an Arrow IPC *stream* (schema message, then one
 //! dictionary message per dictionary column and batch and one record batch
 //! message per batch, then the end-of-stream marker), optionally with
-//! per-buffer LZ4 or Zstd compression ([`SpillCompression`]). Any Arrow
-//! implementation can read one (`pyarrow.ipc.open_stream`, for instance),
-//! which helps when debugging; files are named `<sequence>-<label>.arrows`.
+//! per-buffer LZ4 or Zstd compression ([`SpillCompression`]). Integer-like
+//! columns are written as narrow as their values allow ([`file_schema`],
+//! [`segment_schema`]): when a batch needs a column wider than the file has
+//! held it so far, a new schema message opens a new *segment* of the stream.
+//! Any Arrow implementation reads the first segment (`pyarrow.ipc.open_stream`,
+//! for instance), which helps when debugging; files are named
+//! `<sequence>-<label>.arrows`.
 //!
 //! Reading is strict where arrow's stream reader is lenient: every length is
 //! checked against the bytes that exist before anything is allocated, and a

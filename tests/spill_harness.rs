@@ -13,7 +13,10 @@
 
 mod common;
 
+use std::io::Write;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use arrow_array::{ArrayRef, Int64Array, RecordBatch, StringArray};
 use arrow_schema::{DataType, Field, Schema};
@@ -274,6 +277,38 @@ fn run_case(case: u64, tally: &mut Tally) {
     assert_eq!(spill.live_files(), 0, "spill files left\n{context}");
 }
 
+/// The longest one case may take (they take milliseconds) before the harness calls it
+/// hung.
+const CASE_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// Watches the case number stored in what it returns: a case that runs for longer
+/// than [`CASE_TIMEOUT`] ends the process with its replay command, so that a join that
+/// never ends fails the harness instead of running until CI's own limit.
+/// `u64::MAX` means "no case running".
+fn watchdog() -> Arc<AtomicU64> {
+    let current = Arc::new(AtomicU64::new(u64::MAX));
+    let watched = Arc::clone(&current);
+    std::thread::spawn(move || {
+        let mut seen = (u64::MAX, Instant::now());
+        loop {
+            std::thread::sleep(Duration::from_secs(1));
+            let case = watched.load(Ordering::Relaxed);
+            if case != seen.0 {
+                seen = (case, Instant::now());
+            } else if case != u64::MAX && seen.1.elapsed() > CASE_TIMEOUT {
+                // Straight to stderr: the test's captured output dies with the process.
+                let _ = writeln!(
+                    std::io::stderr(),
+                    "case {case} still running after {CASE_TIMEOUT:?}: a hang\n\
+                     replay: SPILLJOIN_HARNESS_CASE={case} cargo test --release --test spill_harness"
+                );
+                std::process::exit(101);
+            }
+        }
+    });
+    current
+}
+
 #[test]
 fn random_joins_under_random_memory_limits_match_the_reference() {
     let mut tally = Tally::default();
@@ -289,9 +324,12 @@ fn random_joins_under_random_memory_limits_match_the_reference() {
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(DEFAULT_CASES);
+    let current = watchdog();
     for case in 0..cases {
+        current.store(case, Ordering::Relaxed);
         run_case(case, &mut tally);
     }
+    current.store(u64::MAX, Ordering::Relaxed);
     eprintln!("{tally:?}");
     // The harness must keep exercising every path, whatever the dice say.
     assert!(

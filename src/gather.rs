@@ -390,6 +390,31 @@ impl Column {
     }
 }
 
+/// Whether `column` gathers `data` narrowed: a decimal into a narrowed field (an `Int64`
+/// source, even with that field's metadata, is copied as it is).
+fn narrowing(data: &ArrayData, column: &Column) -> bool {
+    column.narrowed && matches!(data.data_type(), DataType::Decimal128(..))
+}
+
+/// The bytes of `data`'s values that `column` gathers from (a narrowed decimal's are 16
+/// a value, a halved column's 8), if they are all there.
+fn source_of<'d>(data: &'d ArrayData, column: &Column) -> Option<&'d [u8]> {
+    let width = if narrowing(data, column) {
+        16
+    } else if column.halved {
+        8
+    } else {
+        column.width
+    };
+    let values = data
+        .buffers()
+        .first()
+        .map(|b| b.as_slice())
+        .unwrap_or_default();
+    let start = data.offset() * width;
+    values.get(start..start + data.len() * width)
+}
+
 /// The 16-byte decimal at row `r` of `source` (0 past its end; rows are checked to be
 /// in it).
 #[inline(always)]
@@ -569,57 +594,37 @@ impl FixedRows {
                 "internal: gathering rows of another schema or past its end".into(),
             ));
         }
-        // Whether each column is narrowed here: a decimal into a narrowed field (an
-        // `Int64` source, even with that field's metadata, is copied as it is).
-        let narrowing: Vec<bool> = columns
+        // Every column's source bytes are checked before anything is appended (they
+        // are found again below: a few rows a call are common, so nothing here
+        // allocates).
+        if columns
             .iter()
             .zip(&self.columns)
-            .map(|(data, column)| {
-                column.narrowed && matches!(data.data_type(), DataType::Decimal128(..))
-            })
-            .collect();
-        // The source bytes of each column (a narrowed decimal's are 16 a value).
-        let sources = columns
-            .iter()
-            .zip(&self.columns)
-            .zip(&narrowing)
-            .map(|((data, column), &narrowing)| {
-                let width = if narrowing {
-                    16
-                } else if column.halved {
-                    8
-                } else {
-                    column.width
-                };
-                let values = data
-                    .buffers()
-                    .first()
-                    .map(|b| b.as_slice())
-                    .unwrap_or_default();
-                let start = data.offset() * width;
-                values
-                    .get(start..start + data.len() * width)
-                    .ok_or_else(|| {
-                        JoinError::InvalidJoin("internal: a column shorter than its length".into())
-                    })
-            })
-            .collect::<Result<Vec<_>>>()?;
+            .any(|(data, column)| source_of(data, column).is_none())
+        {
+            return Err(JoinError::InvalidJoin(
+                "internal: a column shorter than its length".into(),
+            ));
+        }
         // Narrowed decimals first: one that does not fit in 64 bits (arrow does not
         // enforce a decimal's precision on its values) is refused with nothing
         // appended, as the spill writer refuses it.
         let expected_rows = self.expected_rows;
-        let starts: Vec<usize> = self.columns.iter().map(|c| c.values.len()).collect();
-        for (i, (&narrowing, &source)) in narrowing.iter().zip(&sources).enumerate() {
-            if !narrowing || self.columns[i].halved {
+        for (i, data) in columns.iter().enumerate() {
+            let column = &self.columns[i];
+            if !narrowing(data, column) || column.halved {
                 continue;
             }
-            let first = expected_rows * self.columns[i].width;
+            let source = source_of(data, column).unwrap_or_default();
+            let first = expected_rows * column.width;
             if !self.columns[i]
                 .values
                 .gather_narrowed(source, rows, first)?
             {
-                for (column, &start) in self.columns.iter_mut().zip(&starts).take(i + 1) {
-                    column.values.truncate(start);
+                // Every column held `len` rows before this call.
+                let len = self.len;
+                for column in self.columns.iter_mut().take(i + 1) {
+                    column.values.truncate(len * column.width);
                 }
                 let v = rows
                     .iter()
@@ -641,13 +646,9 @@ impl FixedRows {
                 validity.append_n(rows.len(), true);
             }
         }
-        for (((column, data), source), narrowing) in self
-            .columns
-            .iter_mut()
-            .zip(columns)
-            .zip(sources)
-            .zip(narrowing)
-        {
+        for (column, data) in self.columns.iter_mut().zip(columns) {
+            let source = source_of(data, column).unwrap_or_default();
+            let narrowing = narrowing(data, column);
             let width = column.width;
             let first = expected_rows * width;
             if column.halved {

@@ -534,7 +534,17 @@ impl<'a> BuildCollector<'a> {
         let mut writer = lock(writer);
         let mut write = |batch: &RecordBatch| write_counted(&mut writer, batch, &counters);
         if let Some(batch) = gathered {
-            for slice in slices(&batch, batch_size) {
+            // Slices of a work batch's bytes at the spill schema's widths: more rows
+            // where the batch was gathered narrow (decimals as 8 bytes, 32-bit
+            // columns), so as few writes as the bytes allow.
+            let wide: usize = self.widths.iter().flatten().sum();
+            let narrow: usize = fixed_widths(batch.schema_ref()).iter().flatten().sum();
+            let slice_rows = if narrow > 0 && wide > narrow {
+                batch_size * wide / narrow
+            } else {
+                batch_size
+            };
+            for slice in slices(&batch, slice_rows) {
                 write(&slice)?;
             }
         }

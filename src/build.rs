@@ -272,9 +272,10 @@ pub(crate) struct BuildCollector<'a> {
     /// The spill schema's column widths when they are all fixed: partitions gather
     /// their rows in place (`PartitionBuffer::gathered`) instead of keeping fragments.
     widths: Option<Vec<usize>>,
-    /// The spill files' wide schema ([`spilljoin_spill::file_schema`]) and its widths:
-    /// a spilled partition gathers its rows in it, halved where they fit
-    /// ([`FixedRows::halving`]), since they are only ever written.
+    /// The spill files' wide schema ([`spilljoin_spill::file_schema`]) and its widths
+    /// (`None` unless all are fixed and some column may halve): a spilled partition
+    /// gathers its rows in it, halved where they fit ([`FixedRows::halving`]), since
+    /// they are only ever written.
     file_schema: SchemaRef,
     file_widths: Option<Vec<usize>>,
     /// Per column of the file schema: `Int64`, so gathered as `Int32` when a batch's
@@ -308,7 +309,10 @@ impl<'a> BuildCollector<'a> {
             written: Condvar::new(),
             spill_schema: ctx.plan.spill_schema(true),
             widths: fixed_widths(&ctx.plan.spill_schema(true)),
-            file_widths: fixed_widths(&file_schema),
+            // (None when no column can halve: spilled partitions keep gathering
+            // in the spill schema.)
+            file_widths: fixed_widths(&file_schema)
+                .filter(|_| crate::gather::halvable(&file_schema).contains(&true)),
             halvable: crate::gather::halvable(&file_schema),
             file_schema,
             word_bounds: Mutex::new(None),
@@ -796,7 +800,7 @@ impl<'a> BuildCollector<'a> {
             // once a partition has spilled; a partition that spills meanwhile gathers
             // these rows wide).
             let fits = if self.any_spilled.load(Ordering::Relaxed) {
-                crate::gather::fits_i32(batch, &self.halvable)
+                crate::gather::halvable_fits(batch, &self.halvable)
             } else {
                 Vec::new()
             };
@@ -865,10 +869,7 @@ impl<'a> BuildCollector<'a> {
                     continue;
                 }
                 // Once spilled (and emptied), a partition gathers in its files' schema.
-                let file_widths = self
-                    .file_widths
-                    .as_deref()
-                    .filter(|_| spilled && self.halvable.contains(&true));
+                let file_widths = self.file_widths.as_deref().filter(|_| spilled);
                 if let Some(file_widths) = file_widths {
                     if part
                         .gathered

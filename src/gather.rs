@@ -23,7 +23,9 @@
 use std::sync::Arc;
 
 use arrow_array::{make_array, ArrayRef, RecordBatch};
-use arrow_buffer::{BooleanBufferBuilder, Buffer, MutableBuffer, NullBuffer};
+use arrow_buffer::{
+    ArrowNativeType, BooleanBufferBuilder, Buffer, MutableBuffer, NullBuffer, ToByteSlice,
+};
 use arrow_data::ArrayData;
 use arrow_schema::{DataType, SchemaRef};
 
@@ -43,7 +45,7 @@ pub(crate) fn halvable(schema: &SchemaRef) -> Vec<bool> {
 /// excepted): halvable, and every value fits in 32 bits
 /// ([`spilljoin_spill::fits_i32`]): what [`FixedRows::shape_for`] and
 /// [`FixedRows::admits`] take.
-pub(crate) fn fits_i32(batch: &RecordBatch, halvable: &[bool]) -> Vec<bool> {
+pub(crate) fn halvable_fits(batch: &RecordBatch, halvable: &[bool]) -> Vec<bool> {
     batch
         .columns()
         .iter()
@@ -206,44 +208,33 @@ impl Values {
     /// # Errors
     /// [`JoinError::Io`] if the memory map cannot be made or grown.
     fn gather_narrowed(&mut self, source: &[u8], rows: &[u32], first: usize) -> Result<bool> {
-        self.make_room(rows.len() * 8, first)?;
         // `v` fits iff `v + 2^63` lies in `0..2^64`: the high halves, ORed, are zero.
         let mut high = 0_u64;
-        let mut value = |r: &u32| {
-            let v = decimal_at(source, *r);
+        self.gather_as::<16, i64>(source, rows, first, |v| {
+            let v = i128::from_ne_bytes(v);
             high |= (v.wrapping_add(1 << 63) >> 64) as u64;
             v as i64
-        };
-        match self {
-            Values::Heap(buffer) => buffer.extend(rows.iter().map(value)),
-            #[cfg(target_os = "linux")]
-            Values::Mapped { map, len } => {
-                let start = *len;
-                *len += rows.len() * 8;
-                for (to, r) in map[start..*len].chunks_exact_mut(8).zip(rows) {
-                    to.copy_from_slice(&value(r).to_ne_bytes());
-                }
-            }
-        }
+        })?;
         Ok(high == 0)
     }
 
-    /// Appends the `W`-byte values at `rows` of `source` as 4-byte integers `half`
-    /// makes of them (each known to fit), allocating as [`extend`](Self::extend) does.
+    /// Appends the `W`-byte values at `rows` of `source` as the `T`s `convert` makes
+    /// of them, allocating as [`extend`](Self::extend) does.
     ///
     /// # Errors
     /// [`JoinError::Io`] if the memory map cannot be made or grown.
-    fn gather_halved<const W: usize>(
+    fn gather_as<const W: usize, T: ArrowNativeType>(
         &mut self,
         source: &[u8],
         rows: &[u32],
         first: usize,
-        half: impl Fn([u8; W]) -> i32,
+        mut convert: impl FnMut([u8; W]) -> T,
     ) -> Result<()> {
-        self.make_room(rows.len() * 4, first)?;
-        let value = |r: &u32| -> i32 {
+        let width = std::mem::size_of::<T>();
+        self.make_room(rows.len() * width, first)?;
+        let mut value = |r: &u32| -> T {
             let at = *r as usize * W;
-            half(
+            convert(
                 source
                     .get(at..at + W)
                     .and_then(|v| v.try_into().ok())
@@ -255,9 +246,9 @@ impl Values {
             #[cfg(target_os = "linux")]
             Values::Mapped { map, len } => {
                 let start = *len;
-                *len += rows.len() * 4;
-                for (to, r) in map[start..*len].chunks_exact_mut(4).zip(rows) {
-                    to.copy_from_slice(&value(r).to_ne_bytes());
+                *len += rows.len() * width;
+                for (to, r) in map[start..*len].chunks_exact_mut(width).zip(rows) {
+                    to.copy_from_slice(value(r).to_byte_slice());
                 }
             }
         }
@@ -638,7 +629,6 @@ impl FixedRows {
             }
         }
         if let (Some(hashes), Some(column)) = (hashes, self.columns.last_mut()) {
-            use arrow_buffer::ToByteSlice;
             column
                 .values
                 .gather::<8>(hashes.to_byte_slice(), rows, expected_rows * 8)?;
@@ -656,13 +646,15 @@ impl FixedRows {
                 if narrowing {
                     column
                         .values
-                        .gather_halved::<16>(source, rows, first, |v| {
+                        .gather_as::<16, i32>(source, rows, first, |v| {
                             i128::from_ne_bytes(v) as i32
                         })?;
                 } else {
-                    column.values.gather_halved::<8>(source, rows, first, |v| {
-                        i64::from_ne_bytes(v) as i32
-                    })?;
+                    column
+                        .values
+                        .gather_as::<8, i32>(source, rows, first, |v| {
+                            i64::from_ne_bytes(v) as i32
+                        })?;
                 }
                 column.append_validity(data, rows, self.len);
                 continue;

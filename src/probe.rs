@@ -685,7 +685,7 @@ impl<'a> Prober<'a> {
             // The batch's columns as ArrayData, once per batch (not per partition).
             if self.batch_data.is_empty() {
                 self.batch_data = batch.columns().iter().map(|c| c.to_data()).collect();
-                self.batch_fits = crate::gather::fits_i32(batch, &self.state.halvable);
+                self.batch_fits = crate::gather::halvable_fits(batch, &self.state.halvable);
             }
             let hashes = ctx.plan.spills_hashes().then_some(&self.hashes[..]);
             return self.state.spill_gathered(

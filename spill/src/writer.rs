@@ -200,8 +200,9 @@ impl SpillWriter {
     /// ([`crate::file_schema`] of the writer's: decimals of at most 18 digits as
     /// `Int64`) or in a segment schema of it ([`crate::segment_schema`]: some of
     /// those `Int64` columns as `Int32`), gathered narrow by the caller; it is read
-    /// back in the writer's schema like any other. `Int64` columns (decimals included) whose values fit
-    /// in 32 bits are written as `Int32` (see the crate's `narrow` module).
+    /// back in the writer's schema like any other. `Int64` columns (decimals
+    /// included) whose values fit in 32 bits are written as `Int32` (see the crate's
+    /// `narrow` module).
     ///
     /// # Errors
     ///

@@ -354,7 +354,7 @@ fn kernels(c: &mut Criterion) {
     let mut grouped = PartitionedRows::default();
     group.bench_function("partition group 1M 16-way", |b| {
         b.iter(|| {
-            grouped.group(HashBits::new(4), black_box(&hashes), |_| true);
+            grouped.group(HashBits::new(4), black_box(&hashes), None);
             black_box(&grouped.rows);
         })
     });

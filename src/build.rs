@@ -790,7 +790,11 @@ impl<'a> BuildCollector<'a> {
             let bytes = batch_bytes(&kept);
             self.add(None, kept, Vec::new(), std::iter::empty(), bytes, mine)?;
         }
-        grouped.group(self.level.bits, hashes, |row| !never_matches(row));
+        grouped.group(
+            self.level.bits,
+            hashes,
+            nulls.as_ref().filter(|_| plan.nulls_never_match()),
+        );
         let keep_hashes = plan.spills_hashes();
         if self.widths.is_some() {
             // Every column has a fixed width: each partition gathers its rows in

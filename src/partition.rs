@@ -13,6 +13,8 @@
 //! any table smaller than 2^40 buckets. Recursion (repartitioning a partition that is
 //! still too big) moves the range down: [`HashBits::next_level`].
 
+use arrow_buffer::NullBuffer;
+
 /// The most radix bits one level may use (2^8 = 256 partitions).
 pub const MAX_PARTITION_BITS: u32 = 8;
 
@@ -82,24 +84,47 @@ pub struct PartitionedRows {
 }
 
 impl PartitionedRows {
-    /// Groups the rows for which `include(row)` holds by the partition of their hash.
-    pub fn group(&mut self, bits: HashBits, hashes: &[u64], include: impl Fn(usize) -> bool) {
+    /// Groups the rows by the partition of their hash, leaving out the rows that
+    /// `excluded` marks null (rows whose null key can never match).
+    ///
+    /// With one partition the rows are listed as they are (a spilled pair joined
+    /// whole), without looking at the hashes.
+    pub fn group(&mut self, bits: HashBits, hashes: &[u64], excluded: Option<&NullBuffer>) {
         let fan_out = bits.fan_out();
+        let excluded = excluded.filter(|n| n.null_count() > 0);
         self.offsets.clear();
         self.offsets.resize(fan_out + 1, 0);
+        self.rows.clear();
+        if fan_out == 1 {
+            match excluded {
+                None => self.rows.extend(0..hashes.len() as u32),
+                Some(nulls) => self.rows.extend(nulls.valid_indices().map(|r| r as u32)),
+            }
+            self.offsets[1] = self.rows.len();
+            return;
+        }
+        match excluded {
+            None => self.sort(bits, hashes, |_| true),
+            Some(nulls) => self.sort(bits, hashes, |row| nulls.is_valid(row)),
+        }
+    }
+
+    /// The counting sort of [`group`](Self::group) over the rows `kept` keeps.
+    #[inline(always)]
+    fn sort(&mut self, bits: HashBits, hashes: &[u64], kept: impl Fn(usize) -> bool) {
+        let fan_out = bits.fan_out();
         for (row, &hash) in hashes.iter().enumerate() {
-            if include(row) {
+            if kept(row) {
                 self.offsets[bits.partition_of(hash) + 1] += 1;
             }
         }
         for p in 0..fan_out {
             self.offsets[p + 1] += self.offsets[p];
         }
-        self.rows.clear();
         self.rows.resize(self.offsets[fan_out], 0);
         let mut cursor = self.offsets[..fan_out].to_vec();
         for (row, &hash) in hashes.iter().enumerate() {
-            if include(row) {
+            if kept(row) {
                 let p = bits.partition_of(hash);
                 self.rows[cursor[p]] = row as u32;
                 cursor[p] += 1;
@@ -142,7 +167,8 @@ mod tests {
             .map(|i| i.wrapping_mul(0x9E37_79B9_7F4A_7C15))
             .collect();
         let mut grouped = PartitionedRows::default();
-        grouped.group(bits, &hashes, |row| row % 10 != 0);
+        let kept: NullBuffer = (0..100).map(|row| row % 10 != 0).collect();
+        grouped.group(bits, &hashes, Some(&kept));
         assert_eq!(grouped.rows.len(), 90);
         for p in 0..4 {
             let rows = grouped.partition(p);
@@ -151,5 +177,11 @@ mod tests {
                 .iter()
                 .all(|&r| bits.partition_of(hashes[r as usize]) == p && r % 10 != 0));
         }
+        // One partition: the rows as they are, or those kept.
+        grouped.group(HashBits::new(0), &hashes, None);
+        assert_eq!(grouped.partition(0), (0..100).collect::<Vec<u32>>());
+        grouped.group(HashBits::new(0), &hashes, Some(&kept));
+        let expected: Vec<u32> = (0..100).filter(|r| r % 10 != 0).collect();
+        assert_eq!(grouped.partition(0), expected);
     }
 }

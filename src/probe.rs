@@ -608,10 +608,11 @@ impl<'a> Prober<'a> {
                 None => hash_keys(&keys.columns, n, &mut self.hashes)?,
             }
             let never_matches = plan.nulls_never_match();
-            let keys_ref = &keys;
-            self.grouped.group(self.bits, &self.hashes, |row| {
-                !(never_matches && keys_ref.is_null(row))
-            });
+            self.grouped.group(
+                self.bits,
+                &self.hashes,
+                keys.nulls.as_ref().filter(|_| never_matches),
+            );
             self.batch_data.clear();
             for p in 0..self.bits.fan_out() {
                 if self.grouped.partition(p).is_empty() {

@@ -861,6 +861,7 @@ impl<'a> BuildCollector<'a> {
         };
         // The spill schema's hash column, where it has one.
         let hash_column = self.plan().spills_hashes().then_some(hashes);
+        let fan_out = self.level.bits.fan_out();
         loop {
             let short = {
                 let mut guard = lock(&self.state);
@@ -886,9 +887,14 @@ impl<'a> BuildCollector<'a> {
                         ));
                     }
                 }
-                let gathered = part
-                    .gathered
-                    .get_or_insert_with(|| FixedRows::new(Arc::clone(&self.spill_schema), widths));
+                let gathered = part.gathered.get_or_insert_with(|| {
+                    let mut rows = FixedRows::new(Arc::clone(&self.spill_schema), widths);
+                    // One partition of a build whose rows are known: allocated once.
+                    if let Some(all) = self.level.build_rows.filter(|_| fan_out == 1) {
+                        rows.expect_rows(usize::try_from(all).unwrap_or(usize::MAX));
+                    }
+                    rows
+                });
                 gathered.shape_for(fits);
                 let after = gathered.capacity_after(rows.len());
                 let growth = after.saturating_sub(part.bytes);

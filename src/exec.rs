@@ -216,6 +216,9 @@ pub(crate) struct Level {
     pub force_spill_fraction: f64,
     /// Whether the build keeps its key bounds (prepared builds).
     pub key_bounds: bool,
+    /// The build's rows, when known before it is read (a spilled partition's file):
+    /// a level of one partition allocates its buffers once, for all of them.
+    pub build_rows: Option<u64>,
 }
 
 impl Level {
@@ -647,6 +650,7 @@ fn join_pair(
                 hashed_input: ctx.plan.spills_hashes(),
                 force_spill_fraction: 0.0,
                 key_bounds: false,
+                build_rows: Some(build_file.rows()),
             };
             let probe_inputs = probe_file
                 .map(file_input)
@@ -960,6 +964,7 @@ fn chunked(
                 hashed_input: ctx.plan.spills_hashes(),
                 force_spill_fraction: 0.0,
                 key_bounds: false,
+                build_rows: None,
             },
             &built,
             consumer.new_empty(),
@@ -1088,6 +1093,7 @@ where
         hashed_input: false,
         force_spill_fraction,
         key_bounds: false,
+        build_rows: None,
     };
     let result = run_level(ctx, level, build, probe, Facts::default()).map(|_| ());
     ctx.metrics.set_phase(JoinPhase::Done);

@@ -91,12 +91,38 @@ fn resize<const A: usize, const B: usize>(value: [u8; A]) -> [u8; B] {
 }
 
 /// The smallest values buffer kept in an anonymous memory map rather than on the
-/// heap (Linux): below it, a buffer that doubles copies little.
-pub(crate) const MAP_MIN_BYTES: usize = 4 << 20;
+/// heap (Linux): below it, a buffer that doubles copies little. A spill buffer (a
+/// work batch's rows of one partition, tens of KiB a column) stays on the heap, where
+/// its memory is reused batch after batch; a build partition that grows past it
+/// stops copying itself at every doubling (SF10 orders ⋈ lineitem at a 25% limit:
+/// 64 partitions growing to ~1 MiB a column before they spill or stay).
+pub(crate) const MAP_MIN_BYTES: usize = 512 << 10;
 
-/// What a mapped buffer may hold in memory is counted in whole transparent huge
-/// pages: the kernel may back any aligned 2 MiB of the map with one.
+/// The smallest mapped buffer asked to be backed by transparent huge pages: one read
+/// at random by the probe (a table's build rows) spares most TLB misses in 2 MiB
+/// pages.
+#[cfg(target_os = "linux")]
+pub(crate) const HUGE_MIN_BYTES: usize = 4 << 20;
+
+/// What a mapped buffer advised to use huge pages may hold in memory is counted in
+/// whole transparent huge pages: the kernel may back any aligned 2 MiB of the map
+/// with one.
 const HUGE_PAGE_BYTES: usize = 2 << 20;
+
+/// A smaller mapped buffer grows in steps of this many bytes, and what it holds is
+/// counted in them.
+#[cfg(target_os = "linux")]
+const MAP_STEP_BYTES: usize = 64 << 10;
+
+/// The bytes a mapped buffer of `need` bytes takes.
+#[cfg(target_os = "linux")]
+fn map_bytes(need: usize) -> usize {
+    if need >= HUGE_MIN_BYTES {
+        need.next_multiple_of(HUGE_PAGE_BYTES)
+    } else {
+        need.next_multiple_of(MAP_STEP_BYTES)
+    }
+}
 
 /// A column's values: on the heap while small, then in an anonymous memory map.
 #[derive(Debug)]
@@ -106,6 +132,8 @@ enum Values {
     Mapped {
         map: memmap2::MmapMut,
         len: usize,
+        /// Advised to use huge pages ([`HUGE_MIN_BYTES`]).
+        huge: bool,
     },
 }
 
@@ -122,24 +150,34 @@ impl Values {
     /// first allocation takes at least `first` bytes ([`extend`](Self::extend)).
     fn resident_after(&self, more: usize, first: usize) -> usize {
         let need = self.len() + more;
+        // Pages of a map not yet written are not held: a map counts what it holds,
+        // in huge pages once it is advised to use them.
+        #[cfg(target_os = "linux")]
+        let mapped = |capacity: usize| match capacity >= HUGE_MIN_BYTES {
+            true => need.next_multiple_of(HUGE_PAGE_BYTES),
+            false => need.next_multiple_of(MAP_STEP_BYTES),
+        };
         match self {
             Values::Heap(buffer) if need <= buffer.capacity() => buffer.capacity(),
-            Values::Heap(buffer) if buffer.capacity() == 0 && need <= MAP_MIN_BYTES => {
-                need.max(first.min(MAP_MIN_BYTES)).next_multiple_of(64)
+            Values::Heap(buffer) if buffer.capacity() == 0 && need <= MAP_MIN_BYTES.max(first) => {
+                need.max(first).next_multiple_of(64)
             }
             #[cfg(target_os = "linux")]
-            Values::Heap(_) if need > MAP_MIN_BYTES => need.next_multiple_of(HUGE_PAGE_BYTES),
+            Values::Heap(_) if need > MAP_MIN_BYTES => mapped(map_bytes(need)),
             // MutableBuffer rounds to 64 bytes and at least doubles.
             Values::Heap(buffer) => need.max(buffer.capacity() * 2).next_multiple_of(64),
             #[cfg(target_os = "linux")]
-            Values::Mapped { .. } => need.next_multiple_of(HUGE_PAGE_BYTES),
+            Values::Mapped { map, huge, .. } => match *huge {
+                true => need.next_multiple_of(HUGE_PAGE_BYTES),
+                false if need > map.len() => mapped(map_bytes(need.max(map.len() / 2 * 3))),
+                false => mapped(map.len()),
+            },
         }
     }
 
     /// The next `n` bytes, counted in the length: the caller writes every one. A
-    /// buffer's first allocation takes at least `first` bytes (up to
-    /// [`MAP_MIN_BYTES`]): one that grows from nothing by doubling copies all it holds
-    /// once more, in a dozen allocations.
+    /// buffer's first allocation takes at least `first` bytes: one that grows from
+    /// nothing by doubling copies all it holds once more, in a dozen allocations.
     ///
     /// # Errors
     /// [`JoinError::Io`] if the memory map cannot be made or grown.
@@ -153,7 +191,7 @@ impl Values {
                 Ok(&mut buffer.as_slice_mut()[start..need])
             }
             #[cfg(target_os = "linux")]
-            Values::Mapped { map, len } => {
+            Values::Mapped { map, len, .. } => {
                 *len = need;
                 Ok(&mut map[start..need])
             }
@@ -192,7 +230,7 @@ impl Values {
                 }
             },
             #[cfg(target_os = "linux")]
-            Values::Mapped { map, len } => {
+            Values::Mapped { map, len, .. } => {
                 let start = *len;
                 *len += rows.len() * W;
                 gather_fixed::<W>(&mut map[start..*len], source, rows);
@@ -244,7 +282,7 @@ impl Values {
         match self {
             Values::Heap(buffer) => buffer.extend(rows.iter().map(value)),
             #[cfg(target_os = "linux")]
-            Values::Mapped { map, len } => {
+            Values::Mapped { map, len, .. } => {
                 let start = *len;
                 *len += rows.len() * width;
                 for (to, r) in map[start..*len].chunks_exact_mut(width).zip(rows) {
@@ -265,8 +303,10 @@ impl Values {
     }
 
     /// Makes room for `n` more bytes: a heap buffer's first allocation takes at least
-    /// `first` bytes (up to [`MAP_MIN_BYTES`]); past that size the values move to a
-    /// memory map, which grows in huge pages.
+    /// `first` bytes (all the buffer will hold, when its caller knows: the heap
+    /// reuses what the last such buffer freed); a heap buffer that must grow past
+    /// [`MAP_MIN_BYTES`] moves to a memory map, which grows by half at a time without
+    /// copying, asked to use huge pages once it reaches [`HUGE_MIN_BYTES`].
     ///
     /// # Errors
     /// [`JoinError::Io`] if the memory map cannot be made or grown.
@@ -274,23 +314,24 @@ impl Values {
         let start = self.len();
         let need = start + n;
         if let Values::Heap(buffer) = self {
-            if buffer.capacity() == 0 && need <= MAP_MIN_BYTES {
-                buffer.reserve(need.max(first.min(MAP_MIN_BYTES)));
+            if buffer.capacity() == 0 && need <= MAP_MIN_BYTES.max(first) {
+                buffer.reserve(need.max(first));
             }
         }
         #[cfg(target_os = "linux")]
         if let Values::Heap(buffer) = self {
-            if need > MAP_MIN_BYTES {
+            if need > buffer.capacity() && need > MAP_MIN_BYTES {
                 let mut map = memmap2::MmapOptions::new()
-                    .len(need.next_multiple_of(HUGE_PAGE_BYTES))
+                    .len(map_bytes(need))
                     .map_anon()
                     .map_err(map_error)?;
-                // Read at random by the probe: 2 MiB pages spare most TLB misses
-                // (what it may then hold is counted in them: `resident_after`). Only
-                // advice, so a kernel without it changes nothing.
-                let _ = map.advise(memmap2::Advice::HugePage);
+                let huge = advise_huge(&map);
                 map[..start].copy_from_slice(buffer.as_slice());
-                *self = Values::Mapped { map, len: start };
+                *self = Values::Mapped {
+                    map,
+                    len: start,
+                    huge,
+                };
             }
         }
         match self {
@@ -299,16 +340,15 @@ impl Values {
                 Ok(())
             }
             #[cfg(target_os = "linux")]
-            Values::Mapped { map, .. } => {
+            Values::Mapped { map, huge, .. } => {
                 if need > map.len() {
-                    let capacity = need
-                        .max(map.len() / 2 * 3)
-                        .next_multiple_of(HUGE_PAGE_BYTES);
+                    let capacity = map_bytes(need.max(map.len() / 2 * 3));
                     // SAFETY: the map is anonymous (nothing beyond a file's end to
                     // touch) and borrowed mutably here, so nothing points into it
                     // while it moves.
                     unsafe { map.remap(capacity, memmap2::RemapOptions::new().may_move(true)) }
                         .map_err(map_error)?;
+                    *huge = *huge || advise_huge(map);
                 }
                 Ok(())
             }
@@ -320,7 +360,7 @@ impl Values {
         match self {
             Values::Heap(buffer) => buffer.into(),
             #[cfg(target_os = "linux")]
-            Values::Mapped { map, len } => {
+            Values::Mapped { map, len, .. } => {
                 match std::ptr::NonNull::new(map.as_ptr().cast_mut()) {
                     // SAFETY: the map holds at least `len` initialized bytes (every
                     // byte `extend` counted was written), and the `Arc` that owns it
@@ -332,6 +372,18 @@ impl Values {
             }
         }
     }
+}
+
+/// Asks for huge pages for a map of at least [`HUGE_MIN_BYTES`]: read at random by
+/// the probe, 2 MiB pages spare most TLB misses (what it may then hold is counted in
+/// them: `resident_after`). Only advice, so a kernel without it changes nothing.
+#[cfg(target_os = "linux")]
+fn advise_huge(map: &memmap2::MmapMut) -> bool {
+    if map.len() < HUGE_MIN_BYTES {
+        return false;
+    }
+    let _ = map.advise(memmap2::Advice::HugePage);
+    true
 }
 
 #[cfg(target_os = "linux")]

@@ -133,6 +133,7 @@ impl HashJoin {
                 .force_spill_fraction
                 .unwrap_or_else(force_spill_from_env),
             key_bounds: true,
+            build_rows: None,
         };
         let built = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             PreparedBuild::build_in(&ctx, level, build)
@@ -260,6 +261,7 @@ impl HashJoin {
                 hashed_input: false,
                 force_spill_fraction,
                 key_bounds: true,
+                build_rows: None,
             };
             match ctx.plan.build_side {
                 Side::Right => run_observed(ctx, level, right, left, on_built),

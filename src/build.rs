@@ -889,8 +889,9 @@ impl<'a> BuildCollector<'a> {
                 }
                 let gathered = part.gathered.get_or_insert_with(|| {
                     let mut rows = FixedRows::new(Arc::clone(&self.spill_schema), widths);
-                    // One partition of a build whose rows are known: allocated once.
-                    if let Some(all) = self.level.build_rows.filter(|_| fan_out == 1) {
+                    // One partition of a build whose rows are known, while it stays in
+                    // memory: allocated once. (Once spilled, it buffers a batch.)
+                    if let Some(all) = self.level.build_rows.filter(|_| fan_out == 1 && !spilled) {
                         rows.expect_rows(usize::try_from(all).unwrap_or(usize::MAX));
                     }
                     rows

@@ -593,7 +593,7 @@ impl FixedRows {
             .iter()
             .map(|c| {
                 c.values
-                    .resident_after(more * c.width, self.expected_rows * c.width)
+                    .resident_after(more * c.width, self.expected_rows.saturating_mul(c.width))
                     // A validity buffer, if the column has one or may get one.
                     + if c.validity.is_some() || c.nullable {
                         rows.div_ceil(8) * 2 + 64
@@ -659,7 +659,7 @@ impl FixedRows {
                 continue;
             }
             let source = source_of(data, column).unwrap_or_default();
-            let first = expected_rows * column.width;
+            let first = expected_rows.saturating_mul(column.width);
             if !self.columns[i]
                 .values
                 .gather_narrowed(source, rows, first)?
@@ -681,9 +681,11 @@ impl FixedRows {
             }
         }
         if let (Some(hashes), Some(column)) = (hashes, self.columns.last_mut()) {
-            column
-                .values
-                .gather::<8>(hashes.to_byte_slice(), rows, expected_rows * 8)?;
+            column.values.gather::<8>(
+                hashes.to_byte_slice(),
+                rows,
+                expected_rows.saturating_mul(8),
+            )?;
             if let Some(validity) = column.validity.as_mut() {
                 validity.append_n(rows.len(), true);
             }
@@ -692,7 +694,7 @@ impl FixedRows {
             let source = source_of(data, column).unwrap_or_default();
             let narrowing = narrowing(data, column);
             let width = column.width;
-            let first = expected_rows * width;
+            let first = expected_rows.saturating_mul(width);
             if column.halved {
                 // Every value fits (`shape_for`, `admits`).
                 if narrowing {
@@ -951,6 +953,33 @@ mod tests {
             .ok_or("not int64")?;
         assert_eq!(column.value(1), a.value(1));
         assert!(column.is_null(0));
+        Ok(())
+    }
+
+    #[test]
+    fn buffers_expecting_more_than_a_map_takes_stay_in_one_heap_allocation() -> TestResult {
+        // A spilled pair's build knows its rows: 100K of 8 bytes, past MAP_MIN_BYTES.
+        let schema: SchemaRef =
+            Arc::new(Schema::new(vec![Field::new("a", DataType::Int64, false)]));
+        let a: Int64Array = (0..1000i64).collect();
+        let mut rows = FixedRows::new(Arc::clone(&schema), &[8]);
+        rows.expect_rows(100_000);
+        assert!(100_000 * 8 > MAP_MIN_BYTES);
+        let picked: Vec<u32> = (0..1000).collect();
+        assert_eq!(rows.capacity_after(picked.len()), 800_000);
+        for _ in 0..100 {
+            rows.append(&[a.to_data()], &picked, None)?;
+            // Counted as allocated at first, never grown, never moved to a map.
+            assert_eq!(rows.capacity_after(0), 800_000);
+        }
+        let got = rows.finish()?;
+        assert_eq!(got.num_rows(), 100_000);
+        let column = got
+            .column(0)
+            .as_any()
+            .downcast_ref::<Int64Array>()
+            .ok_or("not int64")?;
+        assert_eq!(column.value(99_999), 999);
         Ok(())
     }
 

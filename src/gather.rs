@@ -964,7 +964,7 @@ mod tests {
         let a: Int64Array = (0..1000i64).collect();
         let mut rows = FixedRows::new(Arc::clone(&schema), &[8]);
         rows.expect_rows(100_000);
-        assert!(100_000 * 8 > MAP_MIN_BYTES);
+        const { assert!(100_000 * 8 > MAP_MIN_BYTES) };
         let picked: Vec<u32> = (0..1000).collect();
         assert_eq!(rows.capacity_after(picked.len()), 800_000);
         for _ in 0..100 {

@@ -472,6 +472,9 @@ impl<'a> BuildCollector<'a> {
                 // Written now anyway: finish it, and read or compute its hashes a
                 // batch at a time.
                 let batch = gathered.finish()?;
+                // From now on it buffers a batch at a time, not all the rows a
+                // one-partition build expected to keep (`Level::build_rows`).
+                gathered.expect_rows(0);
                 for slice in slices(&batch, self.plan().work_rows) {
                     if self.plan().spills_hashes() {
                         hash_column(&slice)?.iter().for_each(|&h| bloom.insert(h));
@@ -889,9 +892,9 @@ impl<'a> BuildCollector<'a> {
                 }
                 let gathered = part.gathered.get_or_insert_with(|| {
                     let mut rows = FixedRows::new(Arc::clone(&self.spill_schema), widths);
-                    // One partition of a build whose rows are known, while it stays in
-                    // memory: allocated once. (Once spilled, it buffers a batch.)
-                    if let Some(all) = self.level.build_rows.filter(|_| fan_out == 1 && !spilled) {
+                    // One partition of a build whose rows are known: allocated once
+                    // (until it spills, `spill_partition`).
+                    if let Some(all) = self.level.build_rows.filter(|_| fan_out == 1) {
                         rows.expect_rows(usize::try_from(all).unwrap_or(usize::MAX));
                     }
                     rows

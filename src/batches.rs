@@ -11,7 +11,7 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use arrow_array::{Array, ArrayRef, RecordBatch, UInt64Array};
+use arrow_array::{Array, ArrayRef, RecordBatch, UInt32Array, UInt64Array};
 use arrow_buffer::ScalarBuffer;
 use arrow_schema::{DataType, Field, Schema, SchemaRef};
 
@@ -23,6 +23,34 @@ use crate::error::{JoinError, Result};
 
 /// The name of the column that carries each row's key hash in spill files.
 pub const HASH_COLUMN: &str = "__spilljoin_hash";
+
+/// The rows of `rows` that `keep`, as take indices: [`select_from`] of a range, with
+/// no validity built row by row (collecting a filtered iterator into a `UInt32Array`
+/// appends to a null-buffer builder for every row and grows its buffer as it goes:
+/// 6% of the spilled pairs' CPU of an SF10 `NOT IN` at a 5% limit).
+pub(crate) fn select_rows(rows: std::ops::Range<u32>, keep: impl Fn(usize) -> bool) -> UInt32Array {
+    UInt32Array::from(select_from(rows.len(), rows, keep))
+}
+
+/// The `len` rows of `rows` that `keep`, branch-free: each row is written, and
+/// counted when kept, so that a keep that is true half the time (a bloom filter's
+/// answer, say) costs no mispredicted branch per row.
+pub(crate) fn select_from(
+    len: usize,
+    rows: impl IntoIterator<Item = u32>,
+    keep: impl Fn(usize) -> bool,
+) -> Vec<u32> {
+    let mut selected = vec![0u32; len];
+    let mut kept = 0;
+    for r in rows {
+        if let Some(slot) = selected.get_mut(kept) {
+            *slot = r;
+            kept += usize::from(keep(r as usize));
+        }
+    }
+    selected.truncate(kept);
+    selected
+}
 
 /// Bytes of a batch, as the pool counts them: the bytes its rows use, so that a slice
 /// of a large batch counts as its share, not as the whole.
@@ -189,4 +217,40 @@ pub(crate) struct SpillCounters<'a> {
     pub rows: &'a AtomicU64,
     pub bytes: &'a AtomicU64,
     pub batches: &'a AtomicU64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn selection_keeps_exactly_the_rows_a_filter_would() {
+        // Patterns: none, all, alternate, runs, and a pseudo-random half.
+        let patterns: Vec<Box<dyn Fn(usize) -> bool>> = vec![
+            Box::new(|_| false),
+            Box::new(|_| true),
+            Box::new(|r| r % 2 == 1),
+            Box::new(|r| (r / 7) % 3 == 0),
+            Box::new(|r| (r as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 63 == 1),
+        ];
+        for keep in &patterns {
+            for (start, end) in [(0u32, 0u32), (0, 1), (5, 6), (3, 1000), (0, 8192)] {
+                let expected: Vec<u32> = (start..end).filter(|&r| keep(r as usize)).collect();
+                let rows = select_rows(start..end, keep);
+                assert_eq!(rows.values().to_vec(), expected);
+                assert_eq!(rows.null_count(), 0);
+                // From a list of rows rather than a range.
+                let listed: Vec<u32> = (start..end).rev().step_by(3).collect();
+                let expected: Vec<u32> = listed
+                    .iter()
+                    .copied()
+                    .filter(|&r| keep(r as usize))
+                    .collect();
+                assert_eq!(
+                    select_from(listed.len(), listed.iter().copied(), keep),
+                    expected
+                );
+            }
+        }
+    }
 }

@@ -851,9 +851,7 @@ impl<'a> BuildCollector<'a> {
             && nulls.is_some()
             && plan.nulls_never_match()
         {
-            let rows: UInt32Array = (0..n as u32)
-                .filter(|&r| never_matches(r as usize))
-                .collect();
+            let rows = crate::batches::select_rows(0..n as u32, never_matches);
             let kept = self.reserved_take(batch, &rows, input_bytes, mine)?;
             let bytes = batch_bytes(&kept);
             self.add(None, kept, Vec::new(), std::iter::empty(), bytes, mine)?;

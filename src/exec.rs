@@ -1033,7 +1033,7 @@ fn chunked(
                 })?;
                 offset += n;
                 let out = if resolved == BuildJoinType::ProbeMark {
-                    let all: UInt32Array = (0..n as u32).collect();
+                    let all = UInt32Array::from_iter_values(0..n as u32);
                     plan.output.gather(
                         n,
                         Some((&batch, &all)),
@@ -1041,7 +1041,7 @@ fn chunked(
                         Some(&BooleanArray::from(seen.to_vec())),
                     )?
                 } else {
-                    let rows: UInt32Array = (0..n as u32).filter(|&r| !seen[r as usize]).collect();
+                    let rows = crate::batches::select_rows(0..n as u32, |r| !seen[r]);
                     plan.output
                         .gather(rows.len(), Some((&batch, &rows)), None, None)?
                 };

@@ -638,13 +638,11 @@ impl<'a> Prober<'a> {
         let candidates = self.grouped.partition(p);
         // Without a filter to consult, the partition's rows as grouped, not a copy.
         let rows: Cow<'_, [u32]> = match bloom {
-            Some(bloom) => Cow::Owned(
-                candidates
-                    .iter()
-                    .copied()
-                    .filter(|&r| bloom.may_contain(self.hashes[r as usize]))
-                    .collect(),
-            ),
+            Some(bloom) => Cow::Owned(crate::batches::select_from(
+                candidates.len(),
+                candidates.iter().copied(),
+                |r| bloom.may_contain(self.hashes[r]),
+            )),
             None => Cow::Borrowed(candidates),
         };
         let ctx = self.ctx;
@@ -966,9 +964,7 @@ impl<'a> Prober<'a> {
         let deferred = &self.deferred;
         // Generic, not `&dyn Fn`: the test of every row inlines.
         fn select(n: usize, deferred: &[bool], keep: impl Fn(usize) -> bool) -> UInt32Array {
-            (0..n as u32)
-                .filter(|&r| !deferred[r as usize] && keep(r as usize))
-                .collect()
+            crate::batches::select_rows(0..n as u32, |r| !deferred[r] & keep(r))
         }
         let rows = match self.plan.resolved {
             BuildJoinType::ProbeOuter | BuildJoinType::Full | BuildJoinType::ProbeAnti => {
@@ -1074,9 +1070,7 @@ fn emit_rows(
     let batch_size = plan.batch_size;
     for start in (0..n).step_by(batch_size.max(1)) {
         let end = (start + batch_size).min(n);
-        let rows: UInt32Array = (start as u32..end as u32)
-            .filter(|&r| keep(r as usize))
-            .collect();
+        let rows = crate::batches::select_rows(start as u32..end as u32, &keep);
         if rows.is_empty() {
             continue;
         }

@@ -134,16 +134,23 @@ impl MemoryReservation {
                 self.size
             )
         });
-        self.registration.pool.shrink(self, bytes);
+        if bytes != 0 {
+            self.registration.pool.shrink(self, bytes);
+        }
         self.size = new_size;
     }
 
-    /// Asks the pool for `bytes` more.
+    /// Asks the pool for `bytes` more. Asking for none always succeeds, without
+    /// calling the pool (a join asks for the growth of a buffer after every batch it
+    /// adds to it, which is mostly none).
     ///
     /// # Errors
     /// [`MemoryError::ResourcesExhausted`] when the pool refuses; the reservation is
     /// then unchanged.
     pub fn try_grow(&mut self, bytes: usize) -> Result<(), MemoryError> {
+        if bytes == 0 {
+            return Ok(());
+        }
         self.registration.pool.try_grow(self, bytes)?;
         self.size += bytes;
         Ok(())
@@ -155,6 +162,9 @@ impl MemoryReservation {
     /// example, a batch a caller handed over); everything else uses
     /// [`try_grow`](Self::try_grow).
     pub fn grow(&mut self, bytes: usize) {
+        if bytes == 0 {
+            return;
+        }
         self.registration.pool.grow(self, bytes);
         self.size += bytes;
     }

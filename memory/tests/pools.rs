@@ -289,3 +289,79 @@ proptest! {
         }
     }
 }
+
+/// Asking for no bytes always succeeds and changes nothing, even while a forced
+/// `grow` has taken the pool past its limit.
+#[test]
+fn growing_by_nothing_always_succeeds() {
+    for pool in pools(100) {
+        let mut r = MemoryConsumer::new("r").register(&pool);
+        r.grow(150);
+        assert!(r.try_grow(1).is_err(), "{pool:?}");
+        r.try_grow(0).unwrap();
+        r.grow(0);
+        r.shrink(0);
+        assert_eq!((r.size(), pool.reserved()), (150, 150), "{pool:?}");
+        r.shrink(150);
+        assert_eq!(pool.reserved(), 0, "{pool:?}");
+    }
+}
+
+/// Threads grow and shrink reservations of one consumer and of their own at once
+/// through a tracking pool: every consumer's count returns to zero, the peaks are
+/// what was held at once at the most, and an error taken on the way names sizes that
+/// were really held.
+#[test]
+fn tracking_pool_counts_concurrent_reservations_exactly() {
+    const THREADS: usize = 4;
+    const HELD: usize = 100;
+    let tracking = Arc::new(TrackConsumersPool::new(
+        GreedyMemoryPool::new(THREADS * 2 * HELD),
+        NonZeroUsize::new(8).unwrap(),
+    ));
+    let pool: Arc<dyn MemoryPool> = tracking.clone();
+    let shared = MemoryConsumer::new("shared").register(&pool);
+    let shared_id = shared.consumer().id();
+    std::thread::scope(|scope| {
+        for t in 0..THREADS {
+            let (pool, mut mine) = (&pool, shared.new_empty());
+            scope.spawn(move || {
+                let mut own = MemoryConsumer::new(format!("own {t}")).register(pool);
+                for i in 0..20_000usize {
+                    let bytes = (i * 7919 + t * 31) % HELD + 1;
+                    mine.try_grow(bytes).unwrap();
+                    own.try_grow(bytes).unwrap();
+                    mine.shrink(bytes);
+                    own.shrink(bytes);
+                }
+            });
+        }
+    });
+    assert_eq!(pool.reserved(), 0);
+    let peak = tracking.peak_reserved();
+    assert!(
+        (2 * HELD..=THREADS * 2 * HELD).contains(&peak),
+        "peak {peak}"
+    );
+    let shared_peak = tracking.peak_of(shared_id).unwrap();
+    assert!(
+        (HELD..=THREADS * HELD).contains(&shared_peak),
+        "{shared_peak}"
+    );
+    let mut big = shared.new_empty();
+    big.try_grow(THREADS * 2 * HELD).unwrap();
+    let MemoryError::ResourcesExhausted { top_consumers, .. } = MemoryConsumer::new("late")
+        .register(&pool)
+        .try_grow(1)
+        .unwrap_err()
+    else {
+        unreachable!()
+    };
+    let held: Vec<(&str, usize)> = top_consumers
+        .iter()
+        .map(|c| (c.name.as_str(), c.reserved_bytes))
+        .collect();
+    assert_eq!(held[0], ("shared", THREADS * 2 * HELD), "{held:?}");
+    assert!(held[1..].iter().all(|&(_, bytes)| bytes == 0), "{held:?}");
+    assert_eq!(tracking.peak_reserved(), THREADS * 2 * HELD);
+}

@@ -665,23 +665,41 @@ fn join_pair(
 }
 
 /// The radix bits of the level below for a spilled pair: [`SUB_LEVEL_BITS`], or, when
-/// the pair clearly fits in the memory left ([`pair_bytes`]), only
-/// enough partitions for every thread to build a table — one for a pair joined on one
-/// thread (side by side, or `--threads 1`): more would cut every batch into more,
-/// smaller fragments and probe two tables for nothing (SF10 orders ⋈ lineitem at a
-/// 50% limit: 16 sub-partitions of ~500 rows per batch; at 25%, one table per
-/// side-by-side pair instead of two: spilled-pairs phase 0.82–0.95 → 0.71–0.81 s).
+/// the pair clearly fits in the memory left ([`pair_bytes`]), one partition — or, for
+/// a pair of more than [`ONE_TABLE_ROWS`] build rows joined on several threads, only
+/// enough partitions for every thread to build a table. More would cut every batch
+/// into more, smaller fragments and probe two tables for nothing (SF10 orders ⋈
+/// lineitem at a 50% limit: 16 sub-partitions of ~500 rows per batch; at 25%, one
+/// table per side-by-side pair instead of two: spilled-pairs phase 0.82–0.95 →
+/// 0.71–0.81 s).
 /// Should the estimate be wrong, the level below spills: with one partition it cannot
 /// split, and the pair is joined in chunks ([`fallback`]).
 fn sub_level_bits(plan: &JoinPlan, build_file: &SpillFile) -> u32 {
     let limit = plan.pool.limit().bytes();
     let free = limit.saturating_sub(plan.pool.reserved());
     if pair_bytes(plan, build_file) <= free {
-        plan.threads.max(1).next_power_of_two().ilog2()
+        if build_file.rows() <= ONE_TABLE_ROWS {
+            0
+        } else {
+            plan.threads.max(1).next_power_of_two().ilog2()
+        }
     } else {
         SUB_LEVEL_BITS
     }
 }
+
+/// A spilled pair joined alone on several threads (its build is too large for a
+/// share of the memory, under small limits) builds one table while its build file
+/// has at most this many rows. Its probe rows then need no grouping by hash — nor a
+/// hash at all where the table is looked up by key — which costs more than the
+/// table's build on one thread saves (about a millisecond per million rows: `kernel/
+/// table build 1M unique`). Spilled-pairs phase with one table instead of one per
+/// thread, two threads, three alternating runs: SF1 orders ⋈ lineitem at 1.7 MiB
+/// (23K build rows a pair) 0.149–0.152 → 0.130–0.132 s, SF10 customer ⋈ orders at
+/// 1.7 MiB 0.338–0.348 → 0.292–0.294 s, SF10 `NOT IN` at 3.3 MiB (67K rows a pair)
+/// 0.418–0.432 → 0.390–0.412 s. Larger pairs are only joined alone when they are
+/// skewed or the limit is large; there the thread's own table is kept (unmeasured).
+const ONE_TABLE_ROWS: u64 = 1 << 20;
 
 /// About the memory joining a spilled pair in one piece takes: its build rows in
 /// memory, their hashes while a word key's table is built, the table, and a probe

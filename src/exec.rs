@@ -678,7 +678,10 @@ fn sub_level_bits(plan: &JoinPlan, build_file: &SpillFile) -> u32 {
     let limit = plan.pool.limit().bytes();
     let free = limit.saturating_sub(plan.pool.reserved());
     if pair_bytes(plan, build_file) <= free {
-        if build_file.rows() <= ONE_TABLE_ROWS {
+        // (Only where the estimate counts fixed-width rows at their width: should a
+        // level of one partition spill, the pair can only be joined in chunks.)
+        let counted = crate::gather::fixed_widths(&plan.spill_schema(true)).is_some();
+        if counted && build_file.rows() <= ONE_TABLE_ROWS {
             0
         } else {
             plan.threads.max(1).next_power_of_two().ilog2()

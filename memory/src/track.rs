@@ -146,15 +146,18 @@ impl<I: MemoryPool> TrackConsumersPool<I> {
 impl<I: MemoryPool> MemoryPool for TrackConsumersPool<I> {
     fn register(&self, consumer: &MemoryConsumer) {
         self.inner.register(consumer);
-        self.consumers_mut().insert(
-            consumer.id(),
-            Arc::new(TrackedConsumer {
-                name: consumer.name().to_string(),
-                can_spill: consumer.can_spill(),
-                reserved_bytes: AtomicUsize::new(0),
-                peak_bytes: AtomicUsize::new(0),
-            }),
-        );
+        // A clone of a registered consumer (the same id) registered again counts
+        // with it.
+        self.consumers_mut()
+            .entry(consumer.id())
+            .or_insert_with(|| {
+                Arc::new(TrackedConsumer {
+                    name: consumer.name().to_string(),
+                    can_spill: consumer.can_spill(),
+                    reserved_bytes: AtomicUsize::new(0),
+                    peak_bytes: AtomicUsize::new(0),
+                })
+            });
     }
 
     fn unregister(&self, consumer: &MemoryConsumer) {
@@ -169,11 +172,17 @@ impl<I: MemoryPool> MemoryPool for TrackConsumersPool<I> {
 
     fn shrink(&self, reservation: &MemoryReservation, shrink: usize) {
         self.inner.shrink(reservation, shrink);
-        // A reservation never shrinks by more than it holds, so neither count can
-        // fall below zero.
+        // A reservation never shrinks by more than it holds, so the pool's count
+        // cannot fall below zero. A consumer's can, where a registration of the same
+        // id came and went before this one shrinks (its count was dropped with it):
+        // saturating, as before.
         self.reserved_bytes.fetch_sub(shrink, Ordering::Relaxed);
         if let Some(c) = self.consumers().get(&reservation.consumer().id()) {
-            c.reserved_bytes.fetch_sub(shrink, Ordering::Relaxed);
+            let _ = c
+                .reserved_bytes
+                .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |held| {
+                    Some(held.saturating_sub(shrink))
+                });
         }
     }
 

@@ -365,3 +365,31 @@ fn tracking_pool_counts_concurrent_reservations_exactly() {
     assert!(held[1..].iter().all(|&(_, bytes)| bytes == 0), "{held:?}");
     assert_eq!(tracking.peak_reserved(), THREADS * 2 * HELD);
 }
+
+/// A consumer registered twice (a clone, the same id) counts once, and its count
+/// never wraps below zero, whichever registration grows or shrinks first.
+#[test]
+fn tracking_pool_counts_a_consumer_registered_twice() {
+    let tracking = Arc::new(TrackConsumersPool::new(
+        GreedyMemoryPool::new(1000),
+        NonZeroUsize::new(4).unwrap(),
+    ));
+    let pool: Arc<dyn MemoryPool> = tracking.clone();
+    let consumer = MemoryConsumer::new("twice");
+    let mut first = consumer.clone().register(&pool);
+    first.try_grow(100).unwrap();
+    let mut second = consumer.register(&pool);
+    second.try_grow(50).unwrap();
+    assert_eq!(tracking.top_consumers()[0].reserved_bytes, 150);
+    first.shrink(100);
+    assert_eq!(tracking.top_consumers()[0].reserved_bytes, 50);
+    drop(first);
+    second.shrink(50);
+    let held: Vec<usize> = tracking
+        .top_consumers()
+        .iter()
+        .map(|c| c.reserved_bytes)
+        .collect();
+    assert!(held.iter().all(|&bytes| bytes == 0), "{held:?}");
+    assert_eq!(pool.reserved(), 0);
+}

@@ -14,11 +14,16 @@ fn pools(limit: usize) -> Vec<Arc<dyn MemoryPool>> {
     vec![
         Arc::new(GreedyMemoryPool::new(limit)),
         Arc::new(FairSpillPool::new(limit)),
-        Arc::new(TrackConsumersPool::new(
-            GreedyMemoryPool::new(limit),
-            NonZeroUsize::new(3).unwrap(),
-        )),
+        tracking_pool(limit, 3),
     ]
+}
+
+/// A tracking pool over a greedy pool of `limit` bytes, naming `top` consumers.
+fn tracking_pool(limit: usize, top: usize) -> Arc<TrackConsumersPool<GreedyMemoryPool>> {
+    Arc::new(TrackConsumersPool::new(
+        GreedyMemoryPool::new(limit),
+        NonZeroUsize::new(top).unwrap(),
+    ))
 }
 
 #[test]
@@ -57,10 +62,7 @@ fn greedy_error_carries_the_numbers() {
 
 #[test]
 fn tracking_pool_names_the_largest_consumers() {
-    let tracking = Arc::new(TrackConsumersPool::new(
-        GreedyMemoryPool::new(1000),
-        NonZeroUsize::new(2).unwrap(),
-    ));
+    let tracking = tracking_pool(1000, 2);
     let pool: Arc<dyn MemoryPool> = tracking.clone();
     let mut small = MemoryConsumer::new("small").register(&pool);
     let mut big = MemoryConsumer::new("big").register(&pool);
@@ -315,10 +317,7 @@ fn growing_by_nothing_always_succeeds() {
 fn tracking_pool_counts_concurrent_reservations_exactly() {
     const THREADS: usize = 4;
     const HELD: usize = 100;
-    let tracking = Arc::new(TrackConsumersPool::new(
-        GreedyMemoryPool::new(THREADS * 2 * HELD),
-        NonZeroUsize::new(8).unwrap(),
-    ));
+    let tracking = tracking_pool(THREADS * 2 * HELD, 8);
     let pool: Arc<dyn MemoryPool> = tracking.clone();
     let shared = MemoryConsumer::new("shared").register(&pool);
     let shared_id = shared.consumer().id();
@@ -370,10 +369,7 @@ fn tracking_pool_counts_concurrent_reservations_exactly() {
 /// never wraps below zero, whichever registration grows or shrinks first.
 #[test]
 fn tracking_pool_counts_a_consumer_registered_twice() {
-    let tracking = Arc::new(TrackConsumersPool::new(
-        GreedyMemoryPool::new(1000),
-        NonZeroUsize::new(4).unwrap(),
-    ));
+    let tracking = tracking_pool(1000, 4);
     let pool: Arc<dyn MemoryPool> = tracking.clone();
     let consumer = MemoryConsumer::new("twice");
     let mut first = consumer.clone().register(&pool);

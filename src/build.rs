@@ -140,10 +140,10 @@ pub(crate) struct PartitionBuffer {
 /// A partition's gathered rows. Lock order: the collector's state first, then these,
 /// then a writer. A worker copies rows in holding only this lock: it takes it with
 /// the collector's lock held, accounts for the rows there, then lets the collector's
-/// lock go ([`BuildCollector::add_rows`]): whoever takes the rows out (to write
-/// them) finds all of a worker's accounted rows copied in, or none. The copies were made under the
-/// collector's lock before: at SF10 orders' 25% limit its two workers waited for it
-/// 0.16–0.18 s of a 0.52 s build.
+/// lock go ([`BuildCollector::add_rows`]): whoever takes the rows out (to write them)
+/// finds all of a worker's accounted rows copied in, or none. The copies were made
+/// under the collector's lock before: at SF10 orders' 25% limit its two workers
+/// waited for it 0.16–0.18 s of a 0.52 s build.
 type Gathered = Arc<Mutex<Option<FixedRows>>>;
 
 /// A spilled partition's bloom filter, set when it spills. Locked last (after the

@@ -700,8 +700,10 @@ fn sub_level_bits(plan: &JoinPlan, build_file: &SpillFile) -> u32 {
 /// thread, two threads, three alternating runs: SF1 orders ⋈ lineitem at 1.7 MiB
 /// (23K build rows a pair) 0.149–0.152 → 0.130–0.132 s, SF10 customer ⋈ orders at
 /// 1.7 MiB 0.338–0.348 → 0.292–0.294 s, SF10 `NOT IN` at 3.3 MiB (67K rows a pair)
-/// 0.418–0.432 → 0.390–0.412 s. Larger pairs are only joined alone when they are
-/// skewed or the limit is large; there the thread's own table is kept (unmeasured).
+/// 0.418–0.432 → 0.390–0.412 s. A pair joined alone takes at most the memory left,
+/// so under the small limits that join pairs alone it is small; measured up to 67K
+/// rows. Past this many rows (a skewed pair, or a large limit) each thread keeps its
+/// own table, as before.
 const ONE_TABLE_ROWS: u64 = 1 << 20;
 
 /// About the memory joining a spilled pair in one piece takes: its build rows in

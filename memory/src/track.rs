@@ -28,7 +28,9 @@ use crate::{
 pub struct TrackConsumersPool<I> {
     inner: I,
     top: NonZeroUsize,
-    /// Bytes reserved through this pool now, and the most ever at once.
+    /// Bytes reserved through this pool now, and the most ever at once. (Not the
+    /// inner pool's `reserved()` read after a grow: by then another thread may have
+    /// shrunk, and the peak would be missed.)
     reserved_bytes: AtomicUsize,
     peak_reserved_bytes: AtomicUsize,
     /// The registered consumers by id.

@@ -341,6 +341,11 @@ impl HashJoinBuilder {
             .pool
             .clone()
             .unwrap_or_else(|| Arc::new(UnboundedMemoryPool::new()));
+        let build_stats = match build {
+            Side::Left => self.statistics.0,
+            Side::Right => self.statistics.1,
+        };
+        let build_bytes_hint = self.build_size_hint_bytes.or(build_stats.bytes);
         let partition_bits = match self.partition_bits {
             Some(bits) if bits > MAX_PARTITION_BITS => {
                 return Err(JoinError::InvalidJoin(format!(
@@ -348,17 +353,13 @@ impl HashJoinBuilder {
                 )))
             }
             Some(bits) => bits,
-            None => partition_bits_for(
-                self.build_size_hint_bytes.or(match build {
-                    Side::Left => self.statistics.0.bytes,
-                    Side::Right => self.statistics.1.bytes,
-                }),
-                pool.limit().bytes(),
-                self.threads,
-            ),
+            None => partition_bits_for(build_bytes_hint, pool.limit().bytes(), self.threads),
         };
         let bits = HashBits::new(partition_bits);
         let mut plan = self.plan_for(build, Arc::clone(&pool), bits)?;
+        // (The mirror plan only joins spilled pairs, whose sizes are known exactly.)
+        plan.build_rows_hint = build_stats.rows;
+        plan.build_bytes_hint = build_bytes_hint;
         // Spilled pairs may swap roles when their probe file is the smaller; NOT IN
         // keeps its orientation, since its facts belong to one side.
         if self.swap_spilled_pairs && !self.join_type.is_null_aware() {
@@ -409,6 +410,8 @@ impl HashJoinBuilder {
             force_spill_fraction: self.force_spill_fraction,
             hot_key_split: self.hot_key_split,
             mirror: None,
+            build_rows_hint: None,
+            build_bytes_hint: None,
         })
     }
 }

@@ -44,6 +44,12 @@ pub(crate) struct JoinPlan {
     /// The same join with the other input building, for spilled pairs whose probe
     /// side turns out smaller; `None` where roles cannot swap (`NOT IN`).
     pub mirror: Option<Arc<JoinPlan>>,
+    /// The build input's rows, when known before it is read (statistics): level 0's
+    /// spilled partitions size their bloom filters for them.
+    pub build_rows_hint: Option<u64>,
+    /// The build input's bytes in memory, when known before it is read (the size hint
+    /// or statistics): with the rows, how many partitions level 0 expects to spill.
+    pub build_bytes_hint: Option<u64>,
 }
 
 impl JoinPlan {

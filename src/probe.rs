@@ -638,11 +638,7 @@ impl<'a> Prober<'a> {
         let candidates = self.grouped.partition(p);
         // Without a filter to consult, the partition's rows as grouped, not a copy.
         let rows: Cow<'_, [u32]> = match bloom {
-            Some(bloom) => Cow::Owned(crate::batches::select_from(
-                candidates.len(),
-                candidates.iter().copied(),
-                |r| bloom.may_contain(self.hashes[r]),
-            )),
+            Some(bloom) => Cow::Owned(bloom.select(candidates, |r| self.hashes[r])),
             None => Cow::Borrowed(candidates),
         };
         let ctx = self.ctx;

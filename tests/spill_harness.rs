@@ -25,7 +25,7 @@ use rand::rngs::StdRng;
 use rand::Rng;
 use spilljoin::memory::{GreedyMemoryPool, MemoryPool};
 use spilljoin::spill::{SpillConfig, SpillManager};
-use spilljoin::{HashJoinBuilder, HotKeySplit, JoinError, JoinType, NullEquality};
+use spilljoin::{HashJoinBuilder, HotKeySplit, InputStatistics, JoinError, JoinType, NullEquality};
 
 const DEFAULT_CASES: u64 = 300;
 
@@ -164,6 +164,10 @@ fn run_case(case: u64, tally: &mut Tally) {
     // Not drawn from `rng`, so that every other choice stays what it was for the
     // case number (the CI mode's 300 cases keep their recursions and fallbacks).
     let fixed_width = case % 5 >= 3;
+    // The inputs' sizes, as statistics would give them before they are read: none,
+    // right, or a thousand times too large (filters sized and reserved for rows that
+    // never come). Statistics also let the smaller input build.
+    let statistics = ["none", "exact", "too large"][(case / 5 % 3) as usize];
     let left = side(&mut rng, "l", lshape, ln, domain, wide, fixed_width);
     let right = side(&mut rng, "r", rshape, rn, domain, wide, fixed_width);
     let null_equality = if !join_type.is_null_aware() && rng.random_bool(0.3) {
@@ -182,7 +186,7 @@ fn run_case(case: u64, tally: &mut Tally) {
         [HotKeySplit::Auto, HotKeySplit::Always, HotKeySplit::Never][rng.random_range(0..3)];
     let context = format!(
         "case {case} (seed {seed}): {join_type} {lshape:?}x{rshape:?} left={ln} right={rn} domain={domain} wide={wide} fixed_width={fixed_width} \
-         {null_equality:?} filter={filter} limit={limit} batch={batch_size} input_rows={input_rows} threads={threads} bits={bits} force={force} hot_split={hot_split:?}\n\
+         {null_equality:?} filter={filter} statistics={statistics} limit={limit} batch={batch_size} input_rows={input_rows} threads={threads} bits={bits} force={force} hot_split={hot_split:?}\n\
          replay: SPILLJOIN_HARNESS_CASE={case} cargo test --release --test spill_harness"
     );
     let expected = reference_join(&left, &right, &[(0, 0)], join_type, filter, null_equality);
@@ -202,6 +206,16 @@ fn run_case(case: u64, tally: &mut Tally) {
         .with_hot_key_split(hot_split);
     if filter {
         builder = builder.with_filter(less_than_filter(&left.schema(), &right.schema()));
+    }
+    if statistics != "none" {
+        let scale = if statistics == "exact" { 1 } else { 1000 };
+        let of = |b: &RecordBatch| {
+            InputStatistics::new(
+                Some(b.get_array_memory_size() as u64 * scale),
+                Some(b.num_rows() as u64 * scale),
+            )
+        };
+        builder = builder.with_statistics(of(&left), of(&right));
     }
     let join = builder.build().unwrap();
     let chunks = |b: &RecordBatch| -> Vec<Vec<Result<RecordBatch, arrow_schema::ArrowError>>> {

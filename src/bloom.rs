@@ -7,11 +7,12 @@
 //! unmatched). A false positive only costs a row written to disk.
 //!
 //! The filter is *blocked*: both probe bits of a hash fall in one 64-bit word, so a
-//! lookup touches one cache line. Bits come from the low 44 bits of the hash, which
-//! the partition bits (at most the top 24, `MAX_TOTAL_PARTITION_BITS`) never use. The
-//! word is picked by multiplying 32 of those bits by the word count (a range
-//! reduction, not a mask), so a filter takes exactly the bytes it was given: rounded
-//! up to a power of two, a filter sized for 8 bits a row took anywhere from 8 to 16.
+//! lookup touches one cache line. Bits come from the low 40 bits of the hash, which
+//! the partition bits (at most the top 24, `MAX_TOTAL_PARTITION_BITS`) never use: all
+//! rows of one partition share those, at any depth. The word is picked by
+//! multiplying 28 of those bits by the word count (a range reduction, not a mask), so
+//! a filter takes exactly the bytes it was given: rounded up to a power of two, a
+//! filter sized for 8 bits a row took anywhere from 8 to 16.
 
 /// The filter's size for a partition, in 64-bit words: `BITS_PER_ROW` bits per
 /// expected row, between 1 KiB and 1 MiB. A filter that sees more rows than expected
@@ -19,6 +20,9 @@
 pub const BITS_PER_ROW: usize = 8;
 const MIN_WORDS: usize = 128;
 const MAX_WORDS: usize = 128 * 1024;
+
+/// The 28 hash bits that pick a filter's word.
+const WORD_BITS_MASK: u64 = (1 << 28) - 1;
 
 /// A blocked bloom filter over 64-bit hashes.
 #[derive(Debug, Clone)]
@@ -79,8 +83,9 @@ impl Bloom {
 
     #[inline(always)]
     fn position(&self, hash: u64) -> (usize, u64) {
-        // Bits 0-11: two bit positions; bits 12-43, scaled to the word count: the word.
-        let word = (((hash >> 12) as u32 as u64 * self.words.len() as u64) >> 32) as usize;
+        // Bits 0-11: two bit positions; bits 12-39, scaled to the word count (at most
+        // 2^28 words, 2 GiB): the word.
+        let word = ((((hash >> 12) & WORD_BITS_MASK) * self.words.len() as u64) >> 28) as usize;
         let bits = (1u64 << (hash & 63)) | (1u64 << ((hash >> 6) & 63));
         (word, bits)
     }

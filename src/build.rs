@@ -371,9 +371,10 @@ const BLOOM_LIMIT_SHARE: usize = 4;
 /// reserved before the pool fills for the partitions expected to spill.
 #[derive(Debug, Clone, Copy)]
 struct BloomSizing {
-    /// Each filter's bytes: [`Bloom::BITS_PER_ROW`](crate::bloom::BITS_PER_ROW) bits
-    /// for each of a partition's expected rows, or the limit's share divided among
-    /// the partitions expected to spill, whichever is smaller.
+    /// Each filter's bytes: [`BITS_PER_ROW`](crate::bloom::BITS_PER_ROW) bits for
+    /// each of a partition's expected rows, or the limit's share divided among the
+    /// partitions expected to spill (all of it when none is expected), whichever is
+    /// smaller; at least 1 KiB, at most 1 MiB.
     bytes: usize,
     /// Partitions expected to spill: those that a quarter of the limit (the rest is
     /// for tables, buffers and the probe's headroom) cannot hold.
@@ -416,9 +417,13 @@ impl<'a> BuildCollector<'a> {
         let blooms = BloomSizing::new(ctx.plan, &level, widths.as_deref());
         let mut bloom_reserve = base.new_empty();
         if let Some(sizing) = blooms {
-            // Refused (a limit shared with other pairs, a tiny one): filters are
-            // reserved as partitions spill, as without a size.
-            let _ = bloom_reserve.try_grow(sizing.bytes * sizing.prepaid);
+            // As many whole filters as the pool grants (a limit shared with other
+            // pairs may grant fewer); the others are reserved when their partitions
+            // spill, if memory allows then.
+            let mut count = sizing.prepaid;
+            while count > 0 && bloom_reserve.try_grow(sizing.bytes * count).is_err() {
+                count /= 2;
+            }
         }
         Self {
             ctx,
@@ -540,6 +545,12 @@ impl<'a> BuildCollector<'a> {
             // Another worker is writing rows it took out of a partition: their memory
             // comes back when it is done.
             _ if state.unwritten_bytes > 0 => self.wait_for_a_write(guard),
+            // Nothing left to spill but the filters' memory set aside (statistics
+            // that promised more rows than came): better used than refused.
+            _ if state.bloom_reserve.size() > 0 => {
+                state.bloom_reserve.free();
+                Ok(true)
+            }
             _ => Ok(false),
         }
     }
@@ -610,7 +621,11 @@ impl<'a> BuildCollector<'a> {
         // is unknown: assume the partition doubles.
         let bloom_bytes = match self.blooms {
             Some(sizing) => sizing.bytes,
-            None => Bloom::bytes_for(usize::try_from(part.total_rows).unwrap_or(usize::MAX) * 2),
+            None => Bloom::bytes_for(
+                usize::try_from(part.total_rows)
+                    .unwrap_or(usize::MAX)
+                    .saturating_mul(2),
+            ),
         };
         let bloom = if state.bloom_reserve.size() >= bloom_bytes {
             let prepaid = state.bloom_reserve.split(bloom_bytes);
@@ -1168,6 +1183,19 @@ impl<'a> BuildCollector<'a> {
                 }
             }
         }
+        // From here on only partitions still in memory can spill, each taking one
+        // filter: the filters' memory set aside for more goes back.
+        {
+            let mut state = lock(&self.state);
+            let in_memory = state
+                .partitions
+                .iter()
+                .filter(|p| p.writer.is_none() && p.total_rows > 0)
+                .count();
+            let wanted = self.blooms.map_or(0, |b| b.bytes * in_memory);
+            let excess = state.bloom_reserve.size().saturating_sub(wanted);
+            state.bloom_reserve.shrink(excess);
+        }
         // Leave room for the probe: what each probe worker reserves (its buffers, a
         // batch in flight, and the output and spill pieces it makes from it).
         let per_worker = Prober::bytes_for(plan.work_rows, plan.work_rows)
@@ -1267,10 +1295,11 @@ impl<'a> BuildCollector<'a> {
         }
         // One key index for all partitions, when they all stay in memory and their
         // keys are dense words: reserved on top of the tables' buckets it replaces.
+        // No partition spills any more: the filters' memory not taken goes back (the
+        // shared key index below is only built when none spilled).
+        lock(&self.state).bloom_reserve.free();
         let shared = self.shared_key_index(&planned, has_null_key, &mut tables);
         drop(headroom_reservation);
-        // No partition spills any more: the filters' memory not taken goes back.
-        lock(&self.state).bloom_reserve.free();
 
         let state = {
             let mut state = lock(&self.state);

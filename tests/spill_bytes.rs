@@ -219,11 +219,12 @@ fn known_build_rows_size_every_spilled_partitions_filter() {
     assert_eq!(rows as u64, without_a_partner);
     assert!(known.partitions_spilled > 4, "{known:?}");
     let skipped = |m: &JoinMetrics| m.probe_rows_skipped as f64 / without_a_partner as f64;
-    // The limit's quarter for filters: over 12 bits a spilled row here, about 2%
-    // false positives; the rest of those rows are in partitions kept in memory.
+    // 8 bits a spilled row here (the limit's quarter would allow more), about 5%
+    // false positives; the rest of those rows are in partitions kept in memory (and
+    // a partition that spilled beyond those expected may have no filter).
     let spilled_share = known.build_rows_spilled as f64 / BUILD as f64;
     assert!(
-        skipped(&known) > 0.9 * spilled_share,
+        skipped(&known) > 0.8 * spilled_share,
         "skipped {:.3} of {spilled_share:.3}: {known:?}",
         skipped(&known)
     );

@@ -893,7 +893,11 @@ def main(argv: list[str]) -> None:
                 sizes, runs, env_info, baselines, summary=opts.summary, skew_info=skew_info,
                 steady=steady)
     print(md)
-    out = Path(opts.out) if opts.out else DATA / f"results-sf{opts.sf:g}.md"
+    # A run of skewed joins only gets a file of its own: run after the main sweep at
+    # the same scale factor, it overwrote that sweep's results.
+    only_skew = all(j in SKEW_JOINS for j in joins)
+    default = f"results-sf{opts.sf:g}{'-skew' if only_skew else ''}.md"
+    out = Path(opts.out) if opts.out else DATA / default
     out.write_text(md)
     raw = {" / ".join(k): v for k, v in runs.items()}
     raw.update({f"{j} / none / spilljoin / back to back": v for j, v in (steady or {}).items()})

@@ -353,7 +353,12 @@ impl HashJoinBuilder {
                 )))
             }
             Some(bits) => bits,
-            None => partition_bits_for(build_bytes_hint, pool.limit().bytes(), self.threads),
+            None => partition_bits_for(
+                build_bytes_hint,
+                build_stats.rows,
+                pool.limit().bytes(),
+                self.threads,
+            ),
         };
         let bits = HashBits::new(partition_bits);
         let mut plan = self.plan_for(build, Arc::clone(&pool), bits)?;
@@ -417,26 +422,42 @@ impl HashJoinBuilder {
 }
 
 /// The radix bits of the first partitioning level, from the build's expected size
-/// and the memory limit.
+/// (bytes in memory and, when known, rows) and the memory limit.
 ///
-/// Partitions that spill are joined one at a time at the next level, where a
-/// partition needs about three times its size (its rows, their concatenation while
-/// both exist, the key encoding and the table) beside the probe's headroom (up to
-/// half the limit), so each should hold at most an eighth of the limit:
-/// `b = ceil(log2(8 × build / limit))`, at least
-/// [`DEFAULT_PARTITION_BITS`] (enough partitions for every thread to build tables in
-/// parallel, and for spilling to keep most of a build that almost fits) and at most
-/// [`MAX_PARTITION_BITS`] — and no more than a quarter of the limit can buffer (about
-/// 32 KiB per spilled partition), or half when only that many partitions can each be
-/// joined in one level (a 34 MiB build under a 3.4 MiB limit: 16 partitions too large
-/// for one level, every row written twice; 32 that fit), or as many as each keep 16
-/// KiB of the whole limit when only that many can (the same build under 1.7 MiB: 64
+/// Partitions that spill are joined one at a time at the next level, so the fewest
+/// partitions that can each be joined there in one piece are best: every further
+/// partition cuts each build and probe batch into one more fragment, one more
+/// buffer to fill and write, and one more file (SF10 orders ⋈ lineitem, two
+/// threads, three alternating runs: at a 10% limit 4.22 s in 32 partitions, 4.42 s
+/// in 64, 5.47 s in 128; at 25% 4.11 s in 16, 4.33 s in 32, 4.71 s in 64). Fewer
+/// than that, and the partitions spill again one level down (the same at 5%: 4.59
+/// s in 64 partitions and one level, 5.97 s in 32 and two).
+///
+/// With the build's rows known, a partition of `r` rows and `n` bytes is taken to
+/// need `n + 8r` (its rows and their hashes) plus its table
+/// ([`ChainedTable::size_for`](crate::table::ChainedTable::size_for)), and one
+/// level to hold it with a quarter to spare for the probe's batches:
+/// `b` is the smallest number of bits, at least [`DEFAULT_PARTITION_BITS`] and at
+/// most [`MAX_PARTITION_BITS`], for which `1.25 ×` that need fits the limit. This
+/// is calibrated on the joins that did and did not stay in one level (limit over
+/// need, partitions of TPC-H orders and of `NOT IN`'s one-column lineitem keys): all
+/// that went two levels deep had 1.02 or less, all that stayed had 1.43 or more.
+/// With only the bytes known, a partition is taken to need three times its bytes
+/// and `b = ceil(log2(8 × build / limit))` (the rule before rows were known,
+/// conservative for the wide rows that need less).
+///
+/// Either way, no more than a quarter of the limit can buffer (about 32 KiB per
+/// spilled partition), or half when only that many partitions can each be joined in
+/// one level (a 34 MiB build under a 3.4 MiB limit: 16 partitions too large for one
+/// level, every row written twice; 32 that fit), or as many as each keep 16 KiB of
+/// the whole limit when only that many can (the same build under 1.7 MiB: 64
 /// partitions, not 8 split again). A build that fits eight times over gets two
 /// partitions per thread (at most [`DEFAULT_PARTITION_BITS`] bits). Unknown sizes or
 /// no limit give the default; a partition that still does not fit is split again at
 /// the next level.
 pub fn partition_bits_for(
     build_size_hint_bytes: Option<u64>,
+    build_rows_hint: Option<u64>,
     limit_bytes: usize,
     threads: usize,
 ) -> u32 {
@@ -454,21 +475,36 @@ pub fn partition_bits_for(
         // with 2).
         return (threads.max(1).next_power_of_two().ilog2() + 1).min(DEFAULT_PARTITION_BITS);
     }
-    let wanted = (ratio.log2().ceil() as u32).clamp(DEFAULT_PARTITION_BITS, MAX_PARTITION_BITS);
+    // Whether a partition of the build fits one level below.
+    let one_level = |bits: u32| match build_rows_hint {
+        Some(rows) => {
+            let rows_per_partition = usize::try_from(rows >> bits).unwrap_or(usize::MAX);
+            let need = (build >> bits)
+                .saturating_add((rows >> bits).saturating_mul(8))
+                .saturating_add(crate::table::ChainedTable::size_for(rows_per_partition) as u64);
+            need as f64 * ONE_LEVEL_SLACK <= limit_bytes as f64
+        }
+        None => (build >> bits) as f64 * 3.0 <= limit_bytes as f64,
+    };
+    let wanted = match build_rows_hint {
+        Some(_) => (DEFAULT_PARTITION_BITS..MAX_PARTITION_BITS)
+            .find(|&bits| one_level(bits))
+            .unwrap_or(MAX_PARTITION_BITS),
+        None => (ratio.log2().ceil() as u32).clamp(DEFAULT_PARTITION_BITS, MAX_PARTITION_BITS),
+    };
     // Every spilled partition keeps a few pieces per side in memory; under a tiny
     // limit, fewer partitions (split again at the next level) beat many that cannot
     // all be buffered — a quarter of the limit buys buffers. More where that is what
-    // lets the partitions be joined in one level (each needing about three times its
-    // size): half of the limit, or all of it while each partition still gets
-    // `MIN_ONE_LEVEL_SHARE`, since writing every row once more costs more than
-    // writing it in smaller pieces (SF1 orders ⋈ lineitem at 1.7 MiB, inner:
-    // 0.61–0.86 s in 8 partitions and two levels, 0.48–0.50 s in 64 and one).
+    // lets the partitions be joined in one level: half of the limit, or all of it
+    // while each partition still gets `MIN_ONE_LEVEL_SHARE`, since writing every row
+    // once more costs more than writing it in smaller pieces (SF1 orders ⋈ lineitem
+    // at 1.7 MiB, inner: 0.61–0.86 s in 8 partitions and two levels, 0.48–0.50 s in
+    // 64 and one).
     let affordable = |share: usize| {
         (limit_bytes / (share * PER_PARTITION_SPILL_BYTES))
             .max(4)
             .ilog2()
     };
-    let one_level = |bits: u32| (build >> bits) as f64 * 3.0 <= limit_bytes as f64;
     let quarter = wanted.min(affordable(4));
     let whole = wanted.min((limit_bytes / MIN_ONE_LEVEL_SHARE).max(4).ilog2());
     [quarter, wanted.min(affordable(2)), whole]
@@ -476,6 +512,11 @@ pub fn partition_bits_for(
         .find(|&bits| one_level(bits))
         .unwrap_or(quarter)
 }
+
+/// How much more than a partition's rows, hashes and table the level below is taken
+/// to need to join it in one piece (the probe's batches, the output): see
+/// [`partition_bits_for`].
+const ONE_LEVEL_SLACK: f64 = 1.25;
 
 /// What one spilled partition holds in memory while it is written, at most: the
 /// pieces of its build and probe rows waiting to be written.
@@ -927,7 +968,7 @@ mod tests {
         let build = Some(36_375_008);
         let bits: Vec<u32> = [17_991_680, 8_996_864, 3_599_360, 1_799_168, 899_584]
             .iter()
-            .map(|&limit| partition_bits_for(build, limit, 2))
+            .map(|&limit| partition_bits_for(build, None, limit, 2))
             .collect();
         // 25%: a quarter of the limit buys the 64 partitions one level needs; 10%: half
         // of it buys 32; 5%: only 64 fit one level, each keeping 27 KiB of the limit;
@@ -939,9 +980,63 @@ mod tests {
         }
         // No limit, or no size: the default.
         assert_eq!(
-            partition_bits_for(build, usize::MAX, 2),
+            partition_bits_for(build, Some(1_500_000), usize::MAX, 2),
             DEFAULT_PARTITION_BITS
         );
-        assert_eq!(partition_bits_for(None, MIB, 2), DEFAULT_PARTITION_BITS);
+        assert_eq!(
+            partition_bits_for(None, None, MIB, 2),
+            DEFAULT_PARTITION_BITS
+        );
+        assert_eq!(
+            partition_bits_for(None, Some(1_500_000), MIB, 2),
+            DEFAULT_PARTITION_BITS
+        );
+    }
+
+    #[test]
+    fn known_rows_give_the_fewest_partitions_that_each_join_in_one_level() {
+        // (bytes, rows, limits, bits): SF1 orders (o_orderkey, o_totalprice) under
+        // 50%, 25%, 10%, 5%, 2.5% of its Arrow bytes; SF10 orders under 25%, 10%, 5%;
+        // SF10 `NOT IN`'s lineitem keys (one Int64 column) under 25%, 10%, 5%. Each
+        // choice is the one measured fastest (`partition_bits_for`'s doc), except
+        // SF1 at 2.5%, below what one level can take at any fan-out the limit can
+        // buffer (as without rows).
+        let cases: [(u64, u64, &[usize], &[u32]); 3] = [
+            (
+                36_375_008,
+                1_500_000,
+                &[17_991_680, 8_996_864, 3_599_360, 1_799_168, 899_584],
+                &[4, 4, 5, 6, 2],
+            ),
+            (
+                363_750_230,
+                15_000_000,
+                &[89_967_616, 35_986_432, 17_993_728],
+                &[4, 5, 6],
+            ),
+            (
+                68_529_312,
+                8_566_164,
+                &[17_131_520, 6_852_608, 3_426_304],
+                &[5, 6, 7],
+            ),
+        ];
+        for (bytes, rows, limits, want) in cases {
+            let bits: Vec<u32> = limits
+                .iter()
+                .map(|&limit| partition_bits_for(Some(bytes), Some(rows), limit, 2))
+                .collect();
+            assert_eq!(bits, want, "{bytes} bytes, {rows} rows");
+            // One fewer bit would not fit one level (where the limit allowed more).
+            for (&b, &limit) in bits.iter().zip(limits) {
+                if b > DEFAULT_PARTITION_BITS && b < 7 {
+                    let r = (rows >> (b - 1)) as usize;
+                    let need = (bytes >> (b - 1)) as usize
+                        + 8 * r
+                        + crate::table::ChainedTable::size_for(r);
+                    assert!(need as f64 * ONE_LEVEL_SLACK > limit as f64);
+                }
+            }
+        }
     }
 }

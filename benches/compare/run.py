@@ -593,25 +593,34 @@ def benchmark(opts, engines, joins, limits, paths, sizes, skip_reason) -> dict:
     return runs
 
 
-def back_to_back_unlimited(opts, joins, paths) -> dict:
-    """spilljoin's unlimited time measured without a spilling run before it: per join,
-    `repeat + 1` unlimited runs in a row, the first (which follows other runs) dropped.
+def paired_slowdowns(opts, joins, limits, paths, sizes) -> dict:
+    """spilljoin's slowdown at each target limit (SLOWDOWN_TARGETS) from paired runs:
+    per join and limit, `repeat` rounds of one unlimited and one limited run back to
+    back, the order alternating from round to round (unlimited first in the first),
+    after one unlimited run that is dropped. Returns {(join, limit): [(unlimited s,
+    limited s), ...]}.
 
-    In the sweep every unlimited run follows some other engine's or limit's run, and on
-    this VM memory first touched right after gigabytes of spill I/O is zeroed several
-    times slower (SF10 inner unlimited: 0.99 s back to back, 1.5-2.1 s after a 25% run,
-    its build phase 0.27 s against 0.7-1.4 s). The sweep's unlimited median then flatters
-    every slowdown ratio; these runs give the ratio against the join's own steady time:
-    their fastest, since even back to back the runs can alternate between a steady and
-    an inflated time (SF10 semi: 1.23, 0.78, 1.36 s), and a target judged against the
-    fastest is the strictest reading."""
+    On this VM the time of one configuration drifts by 1.5x within a sweep (SF10 inner
+    unlimited 2.53-3.87 s; memory first touched right after gigabytes of spill I/O is
+    zeroed several times slower), so a ratio of two medians taken minutes apart
+    measures the VM as much as the join. A pair's two runs see the same machine, and
+    alternating their order gives the run that follows a spilling run to each side
+    equally often; the verdict is the median of the pairs' ratios."""
     env = child_env(opts.threads, DATA / "scratch")
     out = {}
+    targets = [l for l in limits if l.replace(" ", "") in SLOWDOWN_TARGETS]
     for join in joins:
-        runs = [run_one("spilljoin", join, None, opts, paths, env) for _ in range(opts.repeat + 1)]
-        out[join] = runs[1:]
-        times = ", ".join(f"{r['time']:.2f}" if r["status"] == "ok" else r["error"] for r in runs)
-        log(f"back to back, {join} unlimited: {times} s (first dropped)")
+        run_one("spilljoin", join, None, opts, paths, env)  # dropped: follows other runs
+        for limit_text in targets:
+            limit = parse_limit(limit_text, sizes[join]["bytes"])
+            pairs = []
+            for k in range(opts.repeat):
+                order = [None, limit] if k % 2 == 0 else [limit, None]
+                got = {l: run_one("spilljoin", join, l, opts, paths, env) for l in order}
+                if all(r["status"] == "ok" for r in got.values()):
+                    pairs.append((got[None]["time"], got[limit]["time"]))
+            out[(join, limit_text)] = pairs
+            log(f"paired, {join} {limit_text}: " + ", ".join(f"{u:.2f}/{t:.2f}" for u, t in pairs))
     return out
 
 
@@ -679,34 +688,40 @@ def spill_columns(s: dict, limit: int | None, build_bytes: int) -> list[str]:
             str(m["max_recursion_depth"]), str(m["fallbacks"]), ratio]
 
 
-def slowdown_summary(joins, limits, runs, steady: dict | None = None) -> list[str]:
+def slowdown_summary(joins, limits, runs, paired: dict | None = None) -> list[str]:
     """Per join and limit: spilljoin's time / its unlimited time, against SLOWDOWN_TARGETS:
-    the sweep's unlimited median and, where measured, the back-to-back one
-    (`back_to_back_unlimited`), which the verdict uses."""
-    steady = steady or {}
+    the ratio of the sweep's medians and, where measured, the median of the paired runs'
+    ratios (`paired_slowdowns`), which the verdict uses."""
+    paired = paired or {}
     out = ["", "## spilljoin under a limit vs unlimited (--summary)", "",
-           "Ratios against the unlimited median of the sweep, and against the fastest of "
-           "the unlimited runs made back to back after it (no spilling run just before: see "
-           "`back_to_back_unlimited` in run.py); the verdict uses the second.", "",
-           "| join | limit | time s | unlimited s (sweep) | ratio | unlimited s (back to back, "
-           "fastest) | ratio | target | verdict |", "|" + "---|" * 9]
+           "Ratios of the sweep's medians, and the median (and range) of the ratios of "
+           "paired runs made after it: per round one unlimited and one limited run back to "
+           "back, in alternating order (see `paired_slowdowns` in run.py); the verdict uses "
+           "the paired median.", "",
+           "| join | limit | time s | unlimited s (sweep) | ratio | pairs: unlimited s, "
+           "limited s (medians) | paired ratio (range) | target | verdict |", "|" + "---|" * 9]
     num = lambda x, fmt: "-" if x is None else format(x, fmt)
     times = lambda x: "-" if x is None else f"{x:.2f}×"
     for join in joins:
         base = summarize(runs.get((join, "none", "spilljoin"), [])).get("time")
-        warm = min((r["time"] for r in steady.get(join, []) if r["status"] == "ok"), default=None)
         for limit_text in (l for l in limits if l.lower() != "none"):
             s = summarize(runs.get((join, limit_text, "spilljoin"), []))
             t = s.get("time")
             target = SLOWDOWN_TARGETS.get(limit_text.replace(" ", ""))
             ratio = t / base if t is not None and base else None
-            warm_ratio = t / warm if t is not None and warm else None
-            judged = warm_ratio if warm_ratio is not None else ratio
+            pairs = paired.get((join, limit_text), [])
+            ratios = [lt / u for u, lt in pairs if u > 0]
+            pr = statistics.median(ratios) if ratios else None
+            pair_times = (f"{statistics.median(u for u, _ in pairs):.2f}, "
+                          f"{statistics.median(lt for _, lt in pairs):.2f}" if pairs else "-")
+            pr_text = (f"{pr:.2f}× ({min(ratios):.2f}–{max(ratios):.2f}, {len(ratios)} pairs)"
+                       if ratios else "-")
+            judged = pr if pr is not None else ratio
             verdict = ("FAILED" if s["n"] and not s["n_ok"] and target is not None
                        else "-" if judged is None or target is None
                        else "met" if judged <= target else "MISSED")
             out.append(f"| {join} | {limit_text} | {num(t, '.2f')} | {num(base, '.2f')} "
-                       f"| {times(ratio)} | {num(warm, '.2f')} | {times(warm_ratio)} "
+                       f"| {times(ratio)} | {pair_times} | {pr_text} "
                        f"| {'≤ %g×' % target if target else '-'} | {verdict} |")
     if not any(l.lower() == "none" for l in limits):
         out += ["", "No `none` limit in this run, so no unlimited time to divide by."]
@@ -722,7 +737,7 @@ def status_text(s: dict) -> str:
 
 def report(opts, argv, engines, joins, limits, sizes, runs, env_info, baselines,
            summary: bool = False, skew_info: dict | None = None,
-           steady: dict | None = None) -> str:
+           paired: dict | None = None) -> str:
     ref = reference_results(runs, joins)
     out = ["# spilljoin vs peer engines: TPC-H joins", "",
            f"- command: `{shlex.join(argv)}`", f"- date: {env_info['date']}",
@@ -764,7 +779,7 @@ def report(opts, argv, engines, joins, limits, sizes, runs, env_info, baselines,
                            f"| {rss_check(s, limit)} | {s.get('rows', '-')} | {check(s, ref[join])} | "
                            + " | ".join(spill_columns(s, limit, sizes[join]["bytes"])) + " |")
     if summary:
-        out += slowdown_summary(joins, limits, runs, steady)
+        out += slowdown_summary(joins, limits, runs, paired)
     out += ["", "## Reference results ([count, sum of left column, sum of right column])", ""]
     out += [f"- {j}: `{json.dumps(ref[j])}` — `{JOINS[j].sql}`" for j in joins]
     if skew_info:
@@ -843,7 +858,8 @@ def parse_args(argv):
                    help="write the skew dataset (orders_skew, lineitem_skew) and run skew_inner too")
     p.add_argument("--summary", action="store_true",
                    help="after the table, spilljoin's time under each limit / its unlimited time "
-                        "(in the sweep, and back to back: repeat + 1 more unlimited runs per join)")
+                        "(in the sweep, and from repeat pairs of unlimited and limited runs per join and "
+                        "target limit, made after it)")
     p.add_argument("--child", help=argparse.SUPPRESS)
     p.add_argument("--prepare", help=argparse.SUPPRESS)
     return p.parse_args(argv)
@@ -884,14 +900,14 @@ def main(argv: list[str]) -> None:
             skip["spilljoin"] = reason
     baselines = import_baselines(engines, opts, paths)
     runs = benchmark(opts, engines, joins, limits, paths, sizes, skip)
-    steady = (back_to_back_unlimited(opts, joins, paths)
+    paired = (paired_slowdowns(opts, joins, limits, paths, sizes)
               if opts.summary and "spilljoin" in engines and "spilljoin" not in skip
               and any(l.lower() == "none" for l in limits) else None)
     skew_file = sf_dir(opts.sf) / "skew.json"
     skew_info = json.loads(skew_file.read_text()) if skew and skew_file.exists() else None
     md = report(opts, ["python3", "benches/compare/run.py", *argv], engines, joins, limits,
                 sizes, runs, env_info, baselines, summary=opts.summary, skew_info=skew_info,
-                steady=steady)
+                paired=paired)
     print(md)
     # A run of skewed joins only gets a file of its own: run after the main sweep at
     # the same scale factor, it overwrote that sweep's results.
@@ -900,7 +916,8 @@ def main(argv: list[str]) -> None:
     out = Path(opts.out) if opts.out else DATA / default
     out.write_text(md)
     raw = {" / ".join(k): v for k, v in runs.items()}
-    raw.update({f"{j} / none / spilljoin / back to back": v for j, v in (steady or {}).items()})
+    raw.update({f"{j} / {l} / spilljoin / paired (unlimited, limited)": v
+                for (j, l), v in (paired or {}).items()})
     out.with_suffix(".json").write_text(json.dumps(raw, indent=1, default=str))
     log(f"wrote {out} and {out.with_suffix('.json')}")
 

@@ -441,7 +441,7 @@ impl HashJoinBuilder {
 /// most [`MAX_PARTITION_BITS`], for which `1.25 ×` that need fits the limit. This
 /// is calibrated on the joins that did and did not stay in one level (limit over
 /// need, partitions of TPC-H orders and of `NOT IN`'s one-column lineitem keys): all
-/// that went two levels deep had 1.02 or less, all that stayed had 1.43 or more.
+/// that went two levels deep had 1.01 or less, all that stayed had 1.44 or more.
 /// With only the bytes known, a partition is taken to need three times its bytes
 /// and `b = ceil(log2(8 × build / limit))` (the rule before rows were known,
 /// conservative for the wide rows that need less).

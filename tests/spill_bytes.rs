@@ -194,7 +194,9 @@ fn known_build_rows_size_every_spilled_partitions_filter() {
             })
             .collect()
     };
-    let run = |statistics: bool| {
+    // `statistics`: the inputs' rows and bytes as told to the join, as a multiple of
+    // the real ones (none: not told).
+    let run = |statistics: Option<u64>| {
         let root = tempfile::tempdir().unwrap();
         let spill = SpillManager::new(SpillConfig::default().with_root_dir(root.path())).unwrap();
         drain(probe(), build(), ("lk", "rk"), |b| {
@@ -204,18 +206,23 @@ fn known_build_rows_size_every_spilled_partitions_filter() {
                 .with_memory_pool(pool)
                 .with_spill_manager(spill)
                 .with_threads(2);
-            if statistics {
-                b.with_statistics(
-                    InputStatistics::new(Some(BUILD as u64 * 16), Some(BUILD as u64 * 2)),
-                    InputStatistics::new(Some(BUILD as u64 * 8), Some(BUILD as u64)),
-                )
-            } else {
-                b
+            match statistics {
+                Some(times) => b.with_statistics(
+                    InputStatistics::new(
+                        Some(BUILD as u64 * 16 * times),
+                        Some(BUILD as u64 * 2 * times),
+                    ),
+                    InputStatistics::new(
+                        Some(BUILD as u64 * 8 * times),
+                        Some(BUILD as u64 * times),
+                    ),
+                ),
+                None => b,
             }
         })
     };
     let without_a_partner = (BUILD * 2 - ((BUILD * 2 - 1) / 10 + 1)) as u64;
-    let (rows, known) = run(true);
+    let (rows, known) = run(Some(1));
     assert_eq!(rows as u64, without_a_partner);
     assert!(known.partitions_spilled > 4, "{known:?}");
     let skipped = |m: &JoinMetrics| m.probe_rows_skipped as f64 / without_a_partner as f64;
@@ -228,7 +235,15 @@ fn known_build_rows_size_every_spilled_partitions_filter() {
         "skipped {:.3} of {spilled_share:.3}: {known:?}",
         skipped(&known)
     );
-    let (rows, unknown) = run(false);
+    let (rows, unknown) = run(None);
     assert_eq!(rows as u64, without_a_partner);
     assert!(skipped(&unknown) < skipped(&known), "{unknown:?}");
+    // Told of 16 times the rows, the limit's quarter gives filters of under one bit a
+    // row: none is made, and the answer is the same (the sides as before: the right
+    // builds).
+    let (rows, thin) = run(Some(16));
+    assert_eq!(rows as u64, without_a_partner);
+    assert!(thin.partitions_spilled > 4, "{thin:?}");
+    assert_eq!(thin.build_rows, BUILD as u64, "{thin:?}");
+    assert_eq!(thin.probe_rows_skipped, 0, "{thin:?}");
 }

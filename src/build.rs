@@ -381,8 +381,8 @@ struct BloomSizing {
     /// Each filter's bytes: [`BITS_PER_ROW`](crate::bloom::BITS_PER_ROW) bits for
     /// each of a partition's expected rows, or the limit's share divided among the
     /// partitions expected to spill (all of it when none is expected), whichever is
-    /// smaller; at least 1 KiB, at most 1 MiB. 0 when that share gives fewer than
-    /// [`MIN_BLOOM_BITS_PER_ROW`] bits a row: no partition gets a filter.
+    /// smaller; at least 1 KiB, at most 1 MiB. 0 when the limit's share gives fewer
+    /// than [`MIN_BLOOM_BITS_PER_ROW`] bits a row: no partition gets a filter.
     bytes: usize,
     /// Partitions expected to spill: those that a quarter of the limit (the rest is
     /// for tables, buffers and the probe's headroom) cannot hold.
@@ -415,7 +415,9 @@ impl BloomSizing {
         let budget = limit / BLOOM_LIMIT_SHARE / prepaid.max(1);
         let rows_each = usize::try_from(rows.div_ceil(fan_out as u64)).unwrap_or(usize::MAX);
         let bytes = Bloom::bytes_within(rows_each, budget);
-        if bytes.saturating_mul(8) < rows_each.saturating_mul(MIN_BLOOM_BITS_PER_ROW) {
+        // (The limit's share, not the filter's bytes, which a partition of more than
+        // 8Mi rows finds capped at 1 MiB whatever the limit.)
+        if budget.max(bytes).saturating_mul(8) < rows_each.saturating_mul(MIN_BLOOM_BITS_PER_ROW) {
             // Too few bits to skip much: no filters at all.
             return Some(Self {
                 bytes: 0,

@@ -437,8 +437,9 @@ impl HashJoinBuilder {
 /// need `n + 8r` (its rows and their hashes) plus its table
 /// ([`ChainedTable::size_for`](crate::table::ChainedTable::size_for)), and one
 /// level to hold it with a quarter to spare for the probe's batches:
-/// `b` is the smallest number of bits, at least [`DEFAULT_PARTITION_BITS`] and at
-/// most [`MAX_PARTITION_BITS`], for which `1.25 ×` that need fits the limit. This
+/// `b` is the smallest number of bits, at least [`DEFAULT_PARTITION_BITS`], for
+/// which `1.25 ×` that need fits the limit, or [`MAX_PARTITION_BITS`] when none
+/// does (the partitions are split again one level down). This
 /// is calibrated on the joins that did and did not stay in one level (limit over
 /// need, partitions of TPC-H orders and of `NOT IN`'s one-column lineitem keys): all
 /// that went two levels deep had 1.01 or less, all that stayed had 1.44 or more.
@@ -476,9 +477,14 @@ pub fn partition_bits_for(
         return (threads.max(1).next_power_of_two().ilog2() + 1).min(DEFAULT_PARTITION_BITS);
     }
     // Whether a partition of the build fits one level below.
+    // (No rows at all beside some bytes is not a count to size by.)
+    let build_rows_hint = build_rows_hint.filter(|&rows| rows > 0);
     let one_level = |bits: u32| match build_rows_hint {
         Some(rows) => {
             let rows_per_partition = usize::try_from(rows >> bits).unwrap_or(usize::MAX);
+            if rows_per_partition > crate::table::MAX_TABLE_ROWS {
+                return false; // more rows than one table can index
+            }
             let need = (build >> bits)
                 .saturating_add((rows >> bits).saturating_mul(8))
                 .saturating_add(crate::table::ChainedTable::size_for(rows_per_partition) as u64);
@@ -991,6 +997,24 @@ mod tests {
             partition_bits_for(None, Some(1_500_000), MIB, 2),
             DEFAULT_PARTITION_BITS
         );
+        // Zero rows beside some bytes: sized by the bytes alone.
+        let limits = [17_991_680, 8_996_864, 3_599_360, 1_799_168, 899_584];
+        for limit in limits {
+            assert_eq!(
+                partition_bits_for(build, Some(0), limit, 2),
+                partition_bits_for(build, None, limit, 2)
+            );
+        }
+        // Absurd statistics do not overflow: no fan-out fits, the most is asked for
+        // and then capped by what the limit can buffer.
+        for limit in [1, 64 * 1024, MIB, 1 << 30] {
+            let bits = partition_bits_for(Some(u64::MAX), Some(u64::MAX), limit, 2);
+            assert!(bits <= MAX_PARTITION_BITS);
+        }
+        assert_eq!(
+            partition_bits_for(Some(u64::MAX), Some(u64::MAX), 1 << 30, 2),
+            MAX_PARTITION_BITS
+        );
     }
 
     #[test]
@@ -1029,7 +1053,7 @@ mod tests {
             assert_eq!(bits, want, "{bytes} bytes, {rows} rows");
             // One fewer bit would not fit one level (where the limit allowed more).
             for (&b, &limit) in bits.iter().zip(limits) {
-                if b > DEFAULT_PARTITION_BITS && b < 7 {
+                if b > DEFAULT_PARTITION_BITS {
                     let r = (rows >> (b - 1)) as usize;
                     let need = (bytes >> (b - 1)) as usize
                         + 8 * r

@@ -196,7 +196,7 @@ fn known_build_rows_size_every_spilled_partitions_filter() {
     };
     // `statistics`: the inputs' rows and bytes as told to the join, as a multiple of
     // the real ones (none: not told).
-    let run = |statistics: Option<u64>| {
+    let run = |statistics: Option<u64>, partition_bits: Option<u32>| {
         let root = tempfile::tempdir().unwrap();
         let spill = SpillManager::new(SpillConfig::default().with_root_dir(root.path())).unwrap();
         drain(probe(), build(), ("lk", "rk"), |b| {
@@ -206,6 +206,10 @@ fn known_build_rows_size_every_spilled_partitions_filter() {
                 .with_memory_pool(pool)
                 .with_spill_manager(spill)
                 .with_threads(2);
+            let b = match partition_bits {
+                Some(bits) => b.with_partition_bits(bits),
+                None => b,
+            };
             match statistics {
                 Some(times) => b.with_statistics(
                     InputStatistics::new(
@@ -222,7 +226,7 @@ fn known_build_rows_size_every_spilled_partitions_filter() {
         })
     };
     let without_a_partner = (BUILD * 2 - ((BUILD * 2 - 1) / 10 + 1)) as u64;
-    let (rows, known) = run(Some(1));
+    let (rows, known) = run(Some(1), None);
     assert_eq!(rows as u64, without_a_partner);
     assert!(known.partitions_spilled > 4, "{known:?}");
     let skipped = |m: &JoinMetrics| m.probe_rows_skipped as f64 / without_a_partner as f64;
@@ -235,13 +239,17 @@ fn known_build_rows_size_every_spilled_partitions_filter() {
         "skipped {:.3} of {spilled_share:.3}: {known:?}",
         skipped(&known)
     );
-    let (rows, unknown) = run(None);
+    let (rows, unknown) = run(None, None);
     assert_eq!(rows as u64, without_a_partner);
     assert!(skipped(&unknown) < skipped(&known), "{unknown:?}");
     // Told of 16 times the rows, the limit's quarter gives filters of under one bit a
     // row: none is made, and the answer is the same (the sides as before: the right
-    // builds).
-    let (rows, thin) = run(Some(16));
+    // builds). The fan-out is pinned to what exact statistics choose, which the
+    // inflated ones would raise; the probe's trial counts every row a filter skips,
+    // so any filter at all would show.
+    let exact_bits =
+        spilljoin::partition_bits_for(Some(BUILD as u64 * 8), Some(BUILD as u64), 4 << 20, 2);
+    let (rows, thin) = run(Some(16), Some(exact_bits));
     assert_eq!(rows as u64, without_a_partner);
     assert!(thin.partitions_spilled > 4, "{thin:?}");
     assert_eq!(thin.build_rows, BUILD as u64, "{thin:?}");

@@ -604,8 +604,9 @@ def paired_slowdowns(opts, joins, limits, paths, sizes) -> dict:
     unlimited 2.53-3.87 s; memory first touched right after gigabytes of spill I/O is
     zeroed several times slower), so a ratio of two medians taken minutes apart
     measures the VM as much as the join. A pair's two runs see the same machine, and
-    alternating their order gives the run that follows a spilling run to each side
-    equally often; the verdict is the median of the pairs' ratios."""
+    alternating their order keeps either side from always running right after a
+    spilling run (equally often for an even `repeat`; with 3, the unlimited run goes
+    first twice); the verdict is the median of the pairs' ratios."""
     env = child_env(opts.threads, DATA / "scratch")
     out = {}
     targets = [l for l in limits if l.replace(" ", "") in SLOWDOWN_TARGETS]
@@ -717,6 +718,8 @@ def slowdown_summary(joins, limits, runs, paired: dict | None = None) -> list[st
             pr_text = (f"{pr:.2f}× ({min(ratios):.2f}–{max(ratios):.2f}, {len(ratios)} pairs)"
                        if ratios else "-")
             judged = pr if pr is not None else ratio
+            if pr is None and ratio is not None and target is not None:
+                pr_text = "- (verdict from the sweep's ratio)"
             verdict = ("FAILED" if s["n"] and not s["n_ok"] and target is not None
                        else "-" if judged is None or target is None
                        else "met" if judged <= target else "MISSED")

@@ -366,8 +366,8 @@ const BLOOM_LIMIT_SHARE: usize = 4;
 /// The fewest bits per expected row worth a filter. SF10 `NOT IN` (8.49M probe rows
 /// without a partner): at 1.6 bits a row (6.5 MiB limit, 64 partitions) the filters
 /// skipped 5.33M of them; at 0.8 bits (3.3 MiB, 128 partitions) 56K, while every
-/// spilled build row was still inserted (0.1 s of CPU, a tenth of the build phase's) and
-/// the probe's trial still looked rows up. Below this, no partition gets one.
+/// spilled build row was still inserted (0.1 s of CPU) and the probe's trial still
+/// looked rows up. Below this, no partition gets one.
 const MIN_BLOOM_BITS_PER_ROW: usize = 1;
 
 /// How large the bloom filter of each spilled partition of level 0 is, when the

@@ -476,20 +476,12 @@ pub fn partition_bits_for(
         // with 2).
         return (threads.max(1).next_power_of_two().ilog2() + 1).min(DEFAULT_PARTITION_BITS);
     }
-    // Whether a partition of the build fits one level below.
     // (No rows at all beside some bytes is not a count to size by.)
     let build_rows_hint = build_rows_hint.filter(|&rows| rows > 0);
+    // Whether a partition of the build fits one level below.
     let one_level = |bits: u32| match build_rows_hint {
-        Some(rows) => {
-            let rows_per_partition = usize::try_from(rows >> bits).unwrap_or(usize::MAX);
-            if rows_per_partition > crate::table::MAX_TABLE_ROWS {
-                return false; // more rows than one table can index
-            }
-            let need = (build >> bits)
-                .saturating_add((rows >> bits).saturating_mul(8))
-                .saturating_add(crate::table::ChainedTable::size_for(rows_per_partition) as u64);
-            need as f64 * ONE_LEVEL_SLACK <= limit_bytes as f64
-        }
+        Some(rows) => one_level_need(build >> bits, rows >> bits)
+            .is_some_and(|need| need as f64 * ONE_LEVEL_SLACK <= limit_bytes as f64),
         None => (build >> bits) as f64 * 3.0 <= limit_bytes as f64,
     };
     let wanted = match build_rows_hint {
@@ -517,6 +509,20 @@ pub fn partition_bits_for(
         .into_iter()
         .find(|&bits| one_level(bits))
         .unwrap_or(quarter)
+}
+
+/// What joining a partition of `rows` rows and `bytes` bytes in one piece is taken to
+/// need, before [`ONE_LEVEL_SLACK`]: its rows, their hashes and its table; `None`
+/// when one table cannot index that many rows.
+fn one_level_need(bytes: u64, rows: u64) -> Option<u64> {
+    let rows_each = usize::try_from(rows)
+        .ok()
+        .filter(|&r| r <= crate::table::MAX_TABLE_ROWS)?;
+    Some(
+        bytes
+            .saturating_add(rows.saturating_mul(8))
+            .saturating_add(crate::table::ChainedTable::size_for(rows_each) as u64),
+    )
 }
 
 /// How much more than a partition's rows, hashes and table the level below is taken
@@ -1054,10 +1060,7 @@ mod tests {
             // One fewer bit would not fit one level (where the limit allowed more).
             for (&b, &limit) in bits.iter().zip(limits) {
                 if b > DEFAULT_PARTITION_BITS {
-                    let r = (rows >> (b - 1)) as usize;
-                    let need = (bytes >> (b - 1)) as usize
-                        + 8 * r
-                        + crate::table::ChainedTable::size_for(r);
+                    let need = one_level_need(bytes >> (b - 1), rows >> (b - 1)).unwrap();
                     assert!(need as f64 * ONE_LEVEL_SLACK > limit as f64);
                 }
             }

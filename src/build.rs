@@ -1718,12 +1718,7 @@ pub(crate) fn finish_partition(
         _ if !index => Some(ChainedTable::build(&[], |_| true)),
         KeyRepr::Words {
             words, valid: None, ..
-        } => ChainedTable::direct_span(words)
-            .filter(|&(_, span)| {
-                ChainedTable::direct_size_for(span, rows) <= ChainedTable::size_for(rows)
-            })
-            .map(|(min, span)| ChainedTable::build_direct(words, min, span))
-            .or_else(|| ChainedTable::build_ranged(words)),
+        } => ChainedTable::build_by_key(words),
         _ => None,
     };
     let (table, hashes) = match keyed {

@@ -407,6 +407,11 @@ where
     })
 }
 
+/// The batches of build rows a worker outputs at a time after the probe
+/// ([`emit_build_phase`]): a spilled pair's one table of 94K rows (SF1 orders at a
+/// 25% limit) is output in three chunks.
+const EMIT_CHUNK_BATCHES: usize = 4;
+
 /// Outputs the build rows the join keeps (in-memory partitions and unmatchable
 /// rows), once every probe worker is done.
 fn emit_build_phase(
@@ -416,18 +421,38 @@ fn emit_build_phase(
     facts: Facts,
 ) -> Result<()> {
     let plan = ctx.plan;
+    // The workers take the partitions' rows in chunks, so that a level of fewer
+    // partitions than threads (a spilled pair joined in one table) is output on
+    // every thread too: ends[p] is the end of partition p's chunks in the count of
+    // all chunks.
+    let chunk = plan.batch_size.max(1) * EMIT_CHUNK_BATCHES;
+    let ends: Vec<usize> = built
+        .partitions
+        .iter()
+        .scan(0, |end, partition| {
+            if let Partition::InMemory(part) = partition {
+                *end += part.batch.num_rows().div_ceil(chunk);
+            }
+            Some(*end)
+        })
+        .collect();
+    let chunks = ends.last().copied().unwrap_or(0);
     let next = AtomicUsize::new(0);
-    run_workers(plan.threads, ctx.cancel, || {
+    run_workers(plan.threads.min(chunks.max(1)), ctx.cancel, || {
         let mut sink = ctx.sink();
         loop {
-            let p = next.fetch_add(1, Ordering::Relaxed);
-            if p >= built.partitions.len() {
+            let i = next.fetch_add(1, Ordering::Relaxed);
+            if i >= chunks {
                 break;
             }
             if ctx.cancel.load(Ordering::Relaxed) {
                 return Err(JoinError::Cancelled);
             }
-            emit_build_rows(plan, built, state, p, &mut sink)?;
+            // The partition whose chunks hold chunk i, and where it starts in them.
+            let p = ends.partition_point(|&end| end <= i);
+            let first = if p == 0 { 0 } else { ends[p - 1] };
+            let start = (i - first) * chunk;
+            emit_build_rows(plan, built, state, p, Some(start..start + chunk), &mut sink)?;
         }
         ctx.finish_sink(&mut sink)
     })?;
@@ -1033,7 +1058,7 @@ fn chunked(
                 offset += batch.num_rows();
             }
         }
-        emit_build_rows(plan, &built, &state, 0, &mut sink)?;
+        emit_build_rows(plan, &built, &state, 0, None, &mut sink)?;
     }
     // Probe rows decided only now that every chunk has been seen.
     if tracks_probe && resolved != BuildJoinType::ProbeSemi {

@@ -16,7 +16,7 @@
 //! probe side that `NOT IN` with the build on the outer side needs).
 
 use std::borrow::Cow;
-use std::ops::ControlFlow;
+use std::ops::{ControlFlow, Range};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -1001,18 +1001,21 @@ impl<'a> Prober<'a> {
     }
 }
 
-/// Outputs the build rows of in-memory partition `p` that the join type keeps, once
-/// every probe worker is done. Spilled partitions are output by their own level.
+/// Outputs the build rows `rows` (all when `None`) of in-memory partition `p` that
+/// the join type keeps, once every probe worker is done. Spilled partitions are
+/// output by their own level.
 pub(crate) fn emit_build_rows(
     plan: &JoinPlan,
     built: &BuiltSide,
     state: &ProbeState,
     p: usize,
+    rows: Option<Range<usize>>,
     sink: &mut OutputSink,
 ) -> Result<()> {
     let Partition::InMemory(part) = &built.partitions[p] else {
         return Ok(());
     };
+    let rows = rows.unwrap_or(0..part.batch.num_rows());
     let visited = |row: usize| state.visited[p].get(row);
     let facts = state.facts();
     let keep: Box<dyn Fn(usize) -> bool> = match plan.resolved {
@@ -1026,7 +1029,7 @@ pub(crate) fn emit_build_rows(
         BuildJoinType::BuildNotIn => Box::new(|r| !visited(r)),
         _ => return Ok(()),
     };
-    emit_rows(plan, &part.batch, keep, visited, sink)
+    emit_rows(plan, &part.batch, rows, keep, visited, sink)
 }
 
 /// Outputs the build rows whose key can never match (unmatched by definition), from
@@ -1045,26 +1048,30 @@ pub(crate) fn emit_unmatchable(
         return Ok(());
     }
     for batch in &unmatchable.batches {
-        emit_rows(plan, batch, |_| true, |_| false, sink)?;
+        emit_rows(plan, batch, 0..batch.num_rows(), |_| true, |_| false, sink)?;
     }
     if let Some(file) = &unmatchable.file {
         for batch in file.reader()? {
-            emit_rows(plan, &batch?, |_| true, |_| false, sink)?;
+            let batch = batch?;
+            emit_rows(plan, &batch, 0..batch.num_rows(), |_| true, |_| false, sink)?;
         }
     }
     Ok(())
 }
 
+/// Outputs the rows `rows` of `batch` that `keep`, a batch at a time (with their
+/// `mark` for a mark join).
 fn emit_rows(
     plan: &JoinPlan,
     batch: &RecordBatch,
+    rows: Range<usize>,
     keep: impl Fn(usize) -> bool,
     mark: impl Fn(usize) -> bool,
     sink: &mut OutputSink,
 ) -> Result<()> {
-    let n = batch.num_rows();
+    let n = rows.end.min(batch.num_rows());
     let batch_size = plan.batch_size;
-    for start in (0..n).step_by(batch_size.max(1)) {
+    for start in (rows.start..n).step_by(batch_size.max(1)) {
         let end = (start + batch_size).min(n);
         let rows = crate::batches::select_rows(start as u32..end as u32, &keep);
         if rows.is_empty() {

@@ -8,6 +8,7 @@
 //! is hashed once whatever the recursion depth. A word key is hashed again instead
 //! (see `JoinPlan::spills_hashes`).
 
+use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -116,32 +117,35 @@ pub(crate) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
         .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
-/// Runs `worker` on `threads` threads and returns the first error.
+/// Runs `worker` on `threads` threads (the calling thread one of them) and returns
+/// the first error.
+///
+/// The calling thread works too: a spilled pair's level runs three or four phases of
+/// workers, and a pair joined on one thread (side by side with others) then spawns
+/// none.
 pub(crate) fn run_workers(
     threads: usize,
     cancel: &AtomicBool,
     worker: impl Fn() -> Result<()> + Sync,
 ) -> Result<()> {
+    let run = || {
+        let result = catch_unwind(AssertUnwindSafe(&worker))
+            .unwrap_or_else(|panic| Err(JoinError::WorkerPanicked(panic_message(&panic))));
+        if result.is_err() {
+            cancel.store(true, Ordering::Relaxed);
+        }
+        result
+    };
     let results: Vec<Result<()>> = std::thread::scope(|scope| {
-        let handles: Vec<_> = (0..threads.max(1))
-            .map(|_| {
-                scope.spawn(|| {
-                    let result = worker();
-                    if result.is_err() {
-                        cancel.store(true, Ordering::Relaxed);
-                    }
-                    result
-                })
-            })
-            .collect();
-        handles
-            .into_iter()
-            .map(|h| {
+        let handles: Vec<_> = (1..threads.max(1)).map(|_| scope.spawn(run)).collect();
+        let mine = run();
+        std::iter::once(mine)
+            .chain(handles.into_iter().map(|h| {
                 h.join().unwrap_or_else(|panic| {
                     cancel.store(true, Ordering::Relaxed);
                     Err(JoinError::WorkerPanicked(panic_message(&panic)))
                 })
-            })
+            }))
             .collect()
     });
     // Prefer the root cause over what other workers saw because of it: `Cancelled`,

@@ -118,7 +118,8 @@ pub(crate) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 /// Runs `worker` on `threads` threads (the calling thread one of them) and returns
-/// the first error.
+/// the error that is the root cause when any failed: one that is not `Cancelled` nor
+/// a writer's "failed earlier" over those (ties go to the calling thread's).
 ///
 /// The calling thread works too: a spilled pair's level runs three or four phases of
 /// workers, and a pair joined on one thread (side by side with others) then spawns
@@ -141,6 +142,8 @@ pub(crate) fn run_workers(
         let mine = run();
         std::iter::once(mine)
             .chain(handles.into_iter().map(|h| {
+                // (`run` catches the worker's panics: only a panic outside it, in
+                // the thread's own start-up or teardown, ends up here.)
                 h.join().unwrap_or_else(|panic| {
                     cancel.store(true, Ordering::Relaxed);
                     Err(JoinError::WorkerPanicked(panic_message(&panic)))

@@ -59,6 +59,8 @@ pub struct ChainedTable {
 /// ([`ChainedTable::build_ranged`]); a hashed table of unique keys at a load factor of
 /// 0.5 rarely has chains of more than 10.
 pub const RANGED_MAX_CHAIN: u32 = 64;
+// `ChainedTable::build_ranged` counts a chain's rows in a byte.
+const _: () = assert!(RANGED_MAX_CHAIN <= u8::MAX as u32);
 
 /// The most rows a lookup of a build row's key may walk on average in a table bucketed
 /// by key value (the sum of its chains' squared lengths over its rows): 1.25 in a

@@ -45,7 +45,7 @@ use crate::batches::{attach_hashes, batch_bytes, lock, pieces, run_workers, writ
 use crate::bloom::Bloom;
 use crate::bounds::{BoundsAccumulator, KeyBounds};
 use crate::error::{JoinError, Result};
-use crate::exec::{Ctx, Level};
+use crate::exec::{Ctx, Level, LevelFiles};
 use crate::gather::{fixed_widths, FixedRows};
 use crate::hash::hash_keys;
 use crate::join::InputStreams;
@@ -356,6 +356,8 @@ pub(crate) struct BuildCollector<'a> {
     /// The spilled partitions' bloom filters' size, when the level's rows are known
     /// beforehand.
     blooms: Option<BloomSizing>,
+    /// Where spilled partitions are written.
+    files: LevelFiles,
 }
 
 /// The filters' share of the memory limit, at most: a filter skips writing, reading
@@ -475,6 +477,7 @@ impl<'a> BuildCollector<'a> {
             base,
             largest_batch_bytes: AtomicUsize::new(0),
             bounds: Mutex::default(),
+            files: LevelFiles::new(ctx, level.depth, true),
         }
     }
 
@@ -619,7 +622,6 @@ impl<'a> BuildCollector<'a> {
     /// other workers waiting for it (SF10 orders' 25% limit: 57 partitions of ~1.6 MB).
     fn spill_partition(&self, state: &mut CollectorState, p: usize) -> Result<Option<Unwritten>> {
         let ctx = self.ctx;
-        let label = format!("build-d{}-p{p}", self.level.depth);
         self.any_spilled.store(true, Ordering::Relaxed);
         let Some(part) = state.partitions.get_mut(p) else {
             return Err(JoinError::InvalidJoin(format!(
@@ -627,14 +629,11 @@ impl<'a> BuildCollector<'a> {
                 state.partitions.len()
             )));
         };
-        part.writer = Some(Arc::new(Mutex::new(
-            ctx.spill
-                .create_writer(Arc::clone(&self.spill_schema), &label)?,
-        )));
-        ctx.metrics.spill_files.fetch_add(1, Ordering::Relaxed);
-        ctx.metrics
-            .build_spill_files
-            .fetch_add(1, Ordering::Relaxed);
+        part.writer = Some(Arc::new(Mutex::new(self.files.create_writer(
+            ctx,
+            Arc::clone(&self.spill_schema),
+            p,
+        )?)));
         ctx.metrics
             .partitions_spilled
             .fetch_add(1, Ordering::Relaxed);
@@ -813,15 +812,11 @@ impl<'a> BuildCollector<'a> {
     ) -> Result<()> {
         let ctx = self.ctx;
         if part.writer.is_none() {
-            let label = format!("build-d{}-unmatchable", self.level.depth);
-            part.writer = Some(Arc::new(Mutex::new(
-                ctx.spill
-                    .create_writer(Arc::clone(&ctx.plan.build_schema), &label)?,
-            )));
-            ctx.metrics.spill_files.fetch_add(1, Ordering::Relaxed);
-            ctx.metrics
-                .build_spill_files
-                .fetch_add(1, Ordering::Relaxed);
+            part.writer = Some(Arc::new(Mutex::new(self.files.create_writer(
+                ctx,
+                Arc::clone(&ctx.plan.build_schema),
+                0,
+            )?)));
         }
         for (batch, _) in std::mem::take(&mut part.fragments) {
             if let Some(w) = part.writer.as_ref() {

@@ -37,13 +37,13 @@ use std::sync::Arc;
 
 use arrow_array::{BooleanArray, RecordBatch, RecordBatchOptions, UInt32Array};
 use arrow_buffer::ScalarBuffer;
-use arrow_schema::ArrowError;
+use arrow_schema::{ArrowError, SchemaRef};
 use crossbeam::channel::Sender;
 use spilljoin_memory::{
     GreedyMemoryPool, MemoryConsumer, MemoryLimit, MemoryPool, MemoryReservation,
     TrackConsumersPool,
 };
-use spilljoin_spill::{SpillError, SpillFile, SpillManager};
+use spilljoin_spill::{SpillError, SpillFile, SpillGroup, SpillManager, SpillWriter};
 
 use crate::batches::{batch_bytes, detach_hashes, lock, pieces, run_workers, write_counted};
 use crate::build::{
@@ -148,6 +148,54 @@ impl std::fmt::Display for JoinPhase {
             JoinPhase::SpilledPairs => "spilled partitions",
             JoinPhase::Done => "done",
         })
+    }
+}
+
+/// The spill files of one side of a level: segments of a few shared files
+/// ([`SpillGroup`]), one per thread, instead of a file per partition. A level under
+/// a small limit spills every partition on both sides, and creating (and
+/// deleting) a file costs more than writing it where the file system scans past
+/// recently deleted inodes: SF1 orders ⋈ lineitem at a 5% limit spent a quarter of
+/// its CPU time creating its 128 files, after a few hundred runs before it.
+#[derive(Debug)]
+pub(crate) struct LevelFiles {
+    group: SpillGroup,
+    build: bool,
+    /// The group's files counted in the join's metrics so far.
+    counted: AtomicUsize,
+}
+
+impl LevelFiles {
+    /// The files of the build side (`build`) or the probe side of a level at `depth`.
+    pub fn new(ctx: &Ctx<'_>, depth: u32, build: bool) -> Self {
+        let side = if build { "build" } else { "probe" };
+        Self {
+            group: ctx
+                .spill
+                .create_group(&format!("{side}-d{depth}"), ctx.plan.threads.max(1)),
+            build,
+            counted: AtomicUsize::new(0),
+        }
+    }
+
+    /// A writer of partition `p`'s spill file; a file it creates is counted in the
+    /// join's metrics.
+    pub fn create_writer(&self, ctx: &Ctx<'_>, schema: SchemaRef, p: usize) -> Result<SpillWriter> {
+        let writer = self.group.create_writer(schema, p)?;
+        let now = self.group.files_created();
+        let before = self.counted.fetch_max(now, Ordering::Relaxed);
+        if now > before {
+            let new = (now - before) as u64;
+            let metrics = ctx.metrics;
+            metrics.spill_files.fetch_add(new, Ordering::Relaxed);
+            let side = if self.build {
+                &metrics.build_spill_files
+            } else {
+                &metrics.probe_spill_files
+            };
+            side.fetch_add(new, Ordering::Relaxed);
+        }
+        Ok(writer)
     }
 }
 

@@ -33,7 +33,7 @@ use crate::batches::{attach_hashes, batch_bytes, lock, write_counted};
 use crate::bloom::Bloom;
 use crate::build::{BuiltPartition, BuiltSide, Partition, Unmatchable};
 use crate::error::{JoinError, Result};
-use crate::exec::{Ctx, Facts, Level};
+use crate::exec::{Ctx, Facts, Level, LevelFiles};
 use crate::gather::{fixed_widths, FixedRows};
 use crate::hash::hash_keys;
 use crate::join_type::BuildJoinType;
@@ -92,7 +92,8 @@ pub(crate) struct ProbeSpill {
     rows: usize,
     writer: Option<SpillWriter>,
     reservation: MemoryReservation,
-    label: String,
+    /// The partition, which picks the shared file it is written to.
+    partition: usize,
 }
 
 /// The mutable state of one execution against a built side.
@@ -117,6 +118,8 @@ pub(crate) struct ProbeState {
     /// Per column of the gather schema: `Int64`, so gathered as `Int32` when a
     /// batch's values fit ([`FixedRows::halving`]).
     halvable: Vec<bool>,
+    /// Where spilled partitions' probe rows are written.
+    files: LevelFiles,
     _reservation: MemoryReservation,
 }
 
@@ -161,7 +164,7 @@ impl ProbeState {
                         rows: 0,
                         writer: None,
                         reservation: reservation.new_empty(),
-                        label: format!("probe-d{}-p{p}", level.depth),
+                        partition: p,
                     })
                 })
             })
@@ -176,6 +179,7 @@ impl ProbeState {
             gather_schema: Arc::clone(&gather_schema),
             fixed_widths: fixed_widths(&gather_schema),
             halvable: crate::gather::halvable(&gather_schema),
+            files: LevelFiles::new(ctx, level.depth, false),
             _reservation: reservation,
         })
     }
@@ -395,14 +399,11 @@ impl ProbeState {
             return Ok(());
         }
         if spill.writer.is_none() {
-            spill.writer = Some(
-                ctx.spill
-                    .create_writer(Arc::clone(&self.spill_schema), &spill.label)?,
-            );
-            ctx.metrics.spill_files.fetch_add(1, Ordering::Relaxed);
-            ctx.metrics
-                .probe_spill_files
-                .fetch_add(1, Ordering::Relaxed);
+            spill.writer = Some(self.files.create_writer(
+                ctx,
+                Arc::clone(&self.spill_schema),
+                spill.partition,
+            )?);
         }
         let merged = match spill.gathered.as_mut() {
             Some(rows) if gathered > 0 => {

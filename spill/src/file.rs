@@ -1,9 +1,10 @@
-//! A finished spill file, and the guard that deletes a file when nobody
-//! needs it any more.
+//! A finished spill file, the guard that deletes a file when nobody needs it
+//! any more, and the shared files that many spill files live in as segments.
 
+use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use arrow_schema::SchemaRef;
 
@@ -68,21 +69,112 @@ impl Drop for FileGuard {
     }
 }
 
-/// A finished, read-only spill file: an Arrow IPC stream on disk.
+/// A run of bytes of a file: where one or more whole messages of a spill
+/// file are.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Extent {
+    pub(crate) offset: u64,
+    pub(crate) len: u64,
+}
+
+/// One file on disk that the spill files of a [`crate::SpillGroup`] slot are
+/// appended to, message by message, each spill file keeping the list of its
+/// [`Extent`]s. Deleted (and its bytes returned to the quota) when the last
+/// writer and the last spill file in it are gone.
+pub(crate) struct SharedFile {
+    path: PathBuf,
+    manager: Arc<ManagerInner>,
+    state: Mutex<SharedState>,
+}
+
+pub(crate) struct SharedState {
+    // Field order matters: the file is closed before the guard deletes it.
+    pub(crate) file: File,
+    pub(crate) guard: FileGuard,
+    /// Bytes in the file: where the next message goes.
+    pub(crate) len: u64,
+    /// A write failed partway: the end of the file is not known to be `len` any
+    /// more, so nothing more is appended.
+    pub(crate) failed: bool,
+}
+
+impl SharedFile {
+    pub(crate) fn new(file: File, guard: FileGuard) -> Self {
+        Self {
+            path: guard.path().to_owned(),
+            manager: Arc::clone(&guard.manager),
+            state: Mutex::new(SharedState {
+                file,
+                guard,
+                len: 0,
+                failed: false,
+            }),
+        }
+    }
+
+    pub(crate) fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The file's state for one append. A writer that panicked while holding the
+    /// lock set `failed` first (see `SharedSink::write_message`), so the state of a
+    /// poisoned lock is still consistent.
+    pub(crate) fn lock(&self) -> MutexGuard<'_, SharedState> {
+        self.state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    pub(crate) fn manager(&self) -> &ManagerInner {
+        &self.manager
+    }
+}
+
+/// A finished, read-only spill file: an Arrow IPC stream on disk, in a file of
+/// its own or as segments of a shared file ([`crate::SpillGroup`]).
 ///
 /// Cheap to clone (one `Arc`); all clones are the same file, which is deleted
-/// when the last clone is dropped. It can be read any number of times, also
-/// from several threads at once, each with its own [`SpillReader`].
+/// when the last clone is dropped (a shared file: when the last spill file in it
+/// is). It can be read any number of times, also from several threads at once,
+/// each with its own [`SpillReader`].
 #[derive(Clone)]
 pub struct SpillFile {
     inner: Arc<FileInner>,
 }
 
 struct FileInner {
-    guard: FileGuard,
+    storage: Storage,
     schema: SchemaRef,
     rows: u64,
     batches: u64,
+}
+
+/// Where a spill file's bytes are.
+pub(crate) enum Storage {
+    /// A file of its own, all of it.
+    Whole(FileGuard),
+    /// Segments of a shared file.
+    Shared {
+        file: Arc<SharedFile>,
+        extents: Arc<[Extent]>,
+        bytes: u64,
+    },
+}
+
+impl Storage {
+    fn path(&self) -> &Path {
+        match self {
+            Self::Whole(guard) => guard.path(),
+            Self::Shared { file, .. } => file.path(),
+        }
+    }
+
+    fn bytes(&self) -> u64 {
+        match self {
+            Self::Whole(guard) => guard.bytes(),
+            Self::Shared { bytes, .. } => *bytes,
+        }
+    }
 }
 
 impl std::fmt::Debug for SpillFile {
@@ -97,10 +189,10 @@ impl std::fmt::Debug for SpillFile {
 }
 
 impl SpillFile {
-    pub(crate) fn new(guard: FileGuard, schema: SchemaRef, rows: u64, batches: u64) -> Self {
+    pub(crate) fn new(storage: Storage, schema: SchemaRef, rows: u64, batches: u64) -> Self {
         Self {
             inner: Arc::new(FileInner {
-                guard,
+                storage,
                 schema,
                 rows,
                 batches,
@@ -108,9 +200,11 @@ impl SpillFile {
         }
     }
 
-    /// Where the file is.
+    /// Where the file is: for a spill file of a [`crate::SpillGroup`], the shared
+    /// file that holds it among others (so [`crate::read_spill_file`] on this path
+    /// does not read it).
     pub fn path(&self) -> &Path {
-        self.inner.guard.path()
+        self.inner.storage.path()
     }
 
     /// The schema of every batch in the file.
@@ -123,9 +217,9 @@ impl SpillFile {
         self.inner.rows
     }
 
-    /// Size of the file in bytes.
+    /// Size of the file in bytes (of its segments, in a shared file).
     pub fn bytes(&self) -> u64 {
-        self.inner.guard.bytes()
+        self.inner.storage.bytes()
     }
 
     /// Record batches in the file (empty batches included).
@@ -147,9 +241,15 @@ impl SpillFile {
     /// [`SpillError::SchemaMismatch`] if it holds another schema than the one
     /// it was written with (something rewrote the file).
     pub fn reader(&self) -> Result<SpillReader, SpillError> {
-        let mode = self.inner.guard.manager().config().read_mode;
+        let (mode, extents) = match &self.inner.storage {
+            Storage::Whole(guard) => (guard.manager().config().read_mode, None),
+            Storage::Shared { file, extents, .. } => {
+                (file.manager().config().read_mode, Some(Arc::clone(extents)))
+            }
+        };
         SpillReader::open(
             self.path(),
+            extents,
             Some(self.schema()),
             mode,
             Trust::WrittenByUs(self.clone()),

@@ -58,6 +58,17 @@
 //! unwinds. (A process killed outright leaves its `spilljoin-*` directory
 //! behind in the temporary directory.)
 //!
+//! # Shared files
+//!
+//! A [`SpillGroup`] ([`SpillManager::create_group`]) writes many spill files
+//! into a few shared files instead: each message goes to the end of its slot's
+//! file, and the [`SpillFile`] keeps the list of where its messages are. It
+//! reads back like a file of its own (the same framing and checks, over its
+//! segments only). A shared file is deleted when its group, its last writer and
+//! its last spill file are gone, and keeps the bytes of the spill files dropped
+//! before then: its space comes back all at once. A join spilling hundreds of
+//! partitions at a time creates a few files instead of hundreds.
+//!
 //! # Disk quota
 //!
 //! [`SpillConfig::disk_quota_bytes`] bounds the bytes held by all live files
@@ -126,7 +137,7 @@ mod writer;
 pub use config::{ParseSpillOptionError, SpillCompression, SpillConfig, SpillReadMode};
 pub use error::SpillError;
 pub use file::SpillFile;
-pub use manager::{SpillManager, SpillMetrics};
+pub use manager::{SpillGroup, SpillManager, SpillMetrics};
 pub use narrow::{file_schema, fits_i32, segment_schema, NARROWED_KEY};
 pub use reader::{read_spill_file, SpillReader, UNTRUSTED_DECODED_BYTES_MAX};
 pub use writer::SpillWriter;

@@ -32,6 +32,7 @@ use arrow_buffer::Buffer;
 use arrow_ipc::convert::MessageBuffer;
 
 use crate::config::SpillReadMode;
+use crate::file::Extent;
 
 /// The first four bytes of every message in the current IPC format.
 const CONTINUATION_MARKER: [u8; 4] = [0xff; 4];
@@ -62,28 +63,113 @@ pub(crate) enum MessageSource {
 }
 
 pub(crate) struct Buffered {
-    reader: BufReader<File>,
-    /// Bytes not yet read, from the file's length when it was opened.
+    reader: BufReader<ExtentReader>,
+    /// Bytes not yet read, of the file's (or its extents') length when it was
+    /// opened.
     remaining: u64,
 }
 
 pub(crate) struct Mapped {
     /// `None` for an empty file, which cannot be mapped.
     map: Option<Arc<memmap2::Mmap>>,
+    /// The ranges of the mapping that are read, in order.
+    extents: Arc<[Extent]>,
+    /// The extent being read, and where in the mapping: `position` up to `end`.
+    index: usize,
     position: usize,
+    end: usize,
+    /// Bytes not yet read in this extent and the ones after it.
+    remaining: u64,
+}
+
+/// Reads the extents of a file one after the other, with positioned reads.
+struct ExtentReader {
+    file: File,
+    extents: Arc<[Extent]>,
+    index: usize,
+    /// Bytes of `extents[index]` read so far.
+    done: u64,
+}
+
+impl Read for ExtentReader {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        loop {
+            let Some(extent) = self.extents.get(self.index) else {
+                return Ok(0);
+            };
+            if self.done == extent.len || buf.is_empty() {
+                if buf.is_empty() {
+                    return Ok(0);
+                }
+                self.index += 1;
+                self.done = 0;
+                continue;
+            }
+            let want = usize::try_from(extent.len - self.done)
+                .unwrap_or(usize::MAX)
+                .min(buf.len());
+            let read = read_at(&self.file, &mut buf[..want], extent.offset + self.done)?;
+            self.done += read as u64;
+            return Ok(read);
+        }
+    }
+}
+
+/// `pread(2)`: reads at `offset` without moving the file's cursor (on Windows it
+/// does move it, which nothing here uses).
+fn read_at(file: &File, buf: &mut [u8], offset: u64) -> io::Result<usize> {
+    #[cfg(unix)]
+    {
+        std::os::unix::fs::FileExt::read_at(file, buf, offset)
+    }
+    #[cfg(windows)]
+    {
+        std::os::windows::fs::FileExt::seek_read(file, buf, offset)
+    }
 }
 
 impl MessageSource {
-    /// Opens `path` for reading in `mode`.
-    pub(crate) fn open(path: &Path, mode: SpillReadMode) -> io::Result<Self> {
-        let file = File::open(path)?;
-        let len = file.metadata()?.len();
+    /// Opens `path` for reading in `mode`: all of it, or only `extents` (which
+    /// must lie inside the file), in order.
+    pub(crate) fn open(
+        path: &Path,
+        extents: Option<Arc<[Extent]>>,
+        mode: SpillReadMode,
+    ) -> Result<Self, FrameError> {
+        let file = File::open(path).map_err(FrameError::Io)?;
+        let len = file.metadata().map_err(FrameError::Io)?.len();
+        let extents = match extents {
+            Some(extents) => {
+                if let Some(past) = extents
+                    .iter()
+                    .find(|e| e.offset.saturating_add(e.len) > len)
+                {
+                    return Err(FrameError::Corrupt(format!(
+                        "file shrank: {} bytes at {} are past its end at {len}",
+                        past.len, past.offset
+                    )));
+                }
+                extents
+            }
+            None => Arc::new([Extent { offset: 0, len }]),
+        };
+        let total = extents.iter().map(|e| e.len).sum();
         match mode {
             SpillReadMode::Buffered => Ok(Self::Buffered(Buffered {
-                reader: BufReader::with_capacity(READ_BUFFER_BYTES, file),
-                remaining: len,
+                reader: BufReader::with_capacity(
+                    READ_BUFFER_BYTES,
+                    ExtentReader {
+                        file,
+                        extents,
+                        index: 0,
+                        done: 0,
+                    },
+                ),
+                remaining: total,
             })),
-            SpillReadMode::Mmap => Ok(Self::Mapped(Mapped::map(&file, len)?)),
+            SpillReadMode::Mmap => Ok(Self::Mapped(
+                Mapped::map(&file, len, extents, total).map_err(FrameError::Io)?,
+            )),
         }
     }
 
@@ -142,8 +228,7 @@ impl MessageSource {
                 b.remaining -= 4;
             }
             Self::Mapped(m) => {
-                word.copy_from_slice(&m.bytes()[m.position..m.position + 4]);
-                m.position += 4;
+                word.copy_from_slice(m.next_bytes(4)?);
             }
         }
         Ok(word)
@@ -176,70 +261,107 @@ impl MessageSource {
                 b.remaining -= len as u64;
                 Ok(Buffer::from_vec(bytes))
             }
-            Self::Mapped(m) => {
-                let buffer = m.buffer(len);
-                m.position += len;
-                Ok(buffer)
-            }
+            Self::Mapped(m) => m.buffer(len),
         }
     }
 
     fn remaining(&self) -> u64 {
         match self {
             Self::Buffered(b) => b.remaining,
-            Self::Mapped(m) => (m.bytes().len() - m.position) as u64,
+            Self::Mapped(m) => m.remaining,
         }
     }
 }
 
 impl Mapped {
-    fn map(file: &File, len: u64) -> io::Result<Self> {
+    fn map(file: &File, len: u64, extents: Arc<[Extent]>, total: u64) -> io::Result<Self> {
+        let first = extents
+            .first()
+            .copied()
+            .unwrap_or(Extent { offset: 0, len: 0 });
+        let position = usize::try_from(first.offset).map_err(io::Error::other)?;
+        let end = usize::try_from(first.offset + first.len).map_err(io::Error::other)?;
         if len == 0 {
             // Mapping zero bytes fails on some platforms; nothing to map.
             return Ok(Self {
                 map: None,
+                extents,
+                index: 0,
                 position: 0,
+                end: 0,
+                remaining: 0,
             });
         }
         // SAFETY: the mapping is valid for as long as the `Mmap` lives, and
         // every `Buffer` made from it owns it through the `Arc`. Its contents
         // may only change (or its pages vanish, raising SIGBUS) if another
         // process writes or truncates the file while it is mapped. Spill files
-        // live in a 0o700 directory of this process and are never written
-        // after `finish`; `SpillReadMode::Mmap` documents the risk for other
-        // paths.
+        // live in a 0o700 directory of this process, and the bytes of a finished
+        // spill file are never written again (a shared file only grows past
+        // them); `SpillReadMode::Mmap` documents the risk for other paths.
         let map = unsafe { memmap2::MmapOptions::new().map(file)? };
         // Readahead hint only; failure changes nothing but speed.
         #[cfg(unix)]
         let _ = map.advise(memmap2::Advice::Sequential);
         Ok(Self {
             map: Some(Arc::new(map)),
-            position: 0,
+            extents,
+            index: 0,
+            position,
+            end,
+            remaining: total,
         })
     }
 
-    fn bytes(&self) -> &[u8] {
-        self.map.as_deref().map_or(&[], |map| &map[..])
+    /// Moves to the next extent with bytes left once this one is read, and checks
+    /// that the next `len` bytes are in it: a message never crosses from one
+    /// extent into the next (each is written whole), and the caller checked that
+    /// `len` bytes are left in all of them.
+    fn advance_to(&mut self, len: usize) -> Result<(), FrameError> {
+        while self.position == self.end && self.index + 1 < self.extents.len() {
+            self.index += 1;
+            let extent = self.extents[self.index];
+            // (Inside the mapping, checked at open, so within `usize`.)
+            self.position = extent.offset as usize;
+            self.end = (extent.offset + extent.len) as usize;
+        }
+        if self.end - self.position < len {
+            return Err(FrameError::Corrupt(format!(
+                "{len} bytes at {} cross the end of a segment at {}",
+                self.position, self.end
+            )));
+        }
+        Ok(())
+    }
+
+    /// The next `len` bytes, which the caller has checked are left.
+    fn next_bytes(&mut self, len: usize) -> Result<&[u8], FrameError> {
+        self.advance_to(len)?;
+        let start = self.position;
+        self.position += len;
+        self.remaining -= len as u64;
+        let map = self.map.as_deref().map_or(&[][..], |map| &map[..]);
+        Ok(&map[start..start + len])
     }
 
     /// A zero-copy buffer over the next `len` bytes, which the caller has
-    /// checked are there.
+    /// checked are left.
     ///
     /// Each message gets its own `Buffer` rather than a slice of one buffer
     /// over the whole file, because a buffer's capacity is what arrow counts
     /// as an array's memory (`get_array_memory_size`): a slice of a
     /// whole-file buffer would claim the whole file for every array.
-    fn buffer(&self, len: usize) -> Buffer {
-        let Some(map) = &self.map else {
-            return Buffer::from_vec(Vec::<u8>::new());
+    fn buffer(&mut self, len: usize) -> Result<Buffer, FrameError> {
+        let Some(map) = self.map.clone() else {
+            return Ok(Buffer::from_vec(Vec::<u8>::new()));
         };
-        let bytes = &map[self.position..self.position + len];
+        let bytes = self.next_bytes(len)?;
         let ptr = NonNull::from(bytes).cast::<u8>();
         // SAFETY: `ptr` points to `len` initialised, readable bytes inside
         // the mapping (the slice above is bounds-checked), and the buffer
         // owns an `Arc` of the mapping, so the bytes stay mapped until the
         // last slice of the buffer is dropped. Nothing writes through it.
-        unsafe { Buffer::from_custom_allocation(ptr, len, map.clone()) }
+        Ok(unsafe { Buffer::from_custom_allocation(ptr, len, map) })
     }
 }
 

@@ -47,6 +47,7 @@
 use std::collections::HashMap;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use arrow_array::{ArrayRef, RecordBatch};
 use arrow_buffer::Buffer;
@@ -57,7 +58,7 @@ use arrow_schema::{ArrowError, SchemaRef};
 
 use crate::config::SpillReadMode;
 use crate::error::SpillError;
-use crate::file::SpillFile;
+use crate::file::{Extent, SpillFile};
 use crate::message::{FrameError, MessageSource, RawMessage};
 
 /// The most decompressed bytes one message of a file *not* written by this
@@ -176,21 +177,22 @@ pub fn read_spill_file(
     expected_schema: Option<SchemaRef>,
     mode: SpillReadMode,
 ) -> Result<SpillReader, SpillError> {
-    SpillReader::open(path, expected_schema, mode, Trust::Foreign)
+    SpillReader::open(path, None, expected_schema, mode, Trust::Foreign)
 }
 
 impl SpillReader {
     /// Opens the file and reads its schema message.
+    /// Opens the file (or only its `extents`, in order) and reads its schema
+    /// message.
     pub(crate) fn open(
         path: &Path,
+        extents: Option<Arc<[Extent]>>,
         expected_schema: Option<SchemaRef>,
         mode: SpillReadMode,
         trust: Trust,
     ) -> Result<Self, SpillError> {
-        let mut source = MessageSource::open(path, mode).map_err(|source| SpillError::Io {
-            path: path.to_owned(),
-            source,
-        })?;
+        let mut source =
+            MessageSource::open(path, extents, mode).map_err(|e| frame_error(path, 0, e))?;
         let corrupt = |message: String| SpillError::Corrupt {
             path: path.to_owned(),
             batch_index: 0,

@@ -37,7 +37,7 @@ use arrow_schema::{DataType, SchemaRef};
 
 use crate::config::SpillCompression;
 use crate::error::SpillError;
-use crate::file::{FileGuard, SpillFile};
+use crate::file::{Extent, FileGuard, SharedFile, SpillFile, Storage};
 use crate::manager::ManagerInner;
 
 /// Counts the bytes going to the file and reserves quota for them first.
@@ -85,6 +85,113 @@ impl CountingWriter {
     }
 }
 
+/// Appends a writer's messages to a shared file and notes where they went.
+pub(crate) struct SharedSink {
+    file: Arc<SharedFile>,
+    extents: Vec<Extent>,
+    bytes: u64,
+}
+
+impl SharedSink {
+    pub(crate) fn new(file: Arc<SharedFile>) -> Self {
+        Self {
+            file,
+            extents: Vec::new(),
+            bytes: 0,
+        }
+    }
+
+    /// Appends one encoded message at the end of the shared file, reserving quota
+    /// for all of it first: a refused message writes nothing.
+    fn write_message(&mut self, buffers: &[Buffer]) -> Result<(), SpillError> {
+        let bytes: u64 = buffers.iter().map(|b| b.len() as u64).sum();
+        let path = || self.file.path().to_owned();
+        let mut state = self.file.lock();
+        if state.failed {
+            return Err(SpillError::WriterFailed { path: path() });
+        }
+        if let Err(denied) = state.guard.reserve(bytes) {
+            return Err(SpillError::QuotaExceeded {
+                path: path(),
+                quota_bytes: denied.quota_bytes,
+                used_bytes: denied.used_bytes,
+                requested_bytes: denied.requested_bytes,
+            });
+        }
+        self.file
+            .manager()
+            .bytes_written
+            .fetch_add(bytes, Ordering::Relaxed);
+        // Until the write has gone through, the file's end is not known (a panic
+        // unwinding out of here leaves the flag set, and the lock poisoned).
+        state.failed = true;
+        write_all_vectored(&mut state.file, buffers).map_err(|source| SpillError::Io {
+            path: path(),
+            source,
+        })?;
+        state.failed = false;
+        let offset = state.len;
+        state.len += bytes;
+        drop(state);
+        self.bytes += bytes;
+        match self.extents.last_mut() {
+            Some(last) if last.offset + last.len == offset => last.len += bytes,
+            _ => self.extents.push(Extent { offset, len: bytes }),
+        }
+        Ok(())
+    }
+}
+
+/// Where a writer's messages go.
+pub(crate) enum Sink {
+    /// A file of its own.
+    Own(CountingWriter),
+    /// The end of a shared file.
+    Shared(SharedSink),
+}
+
+impl Sink {
+    fn write_message(&mut self, buffers: &[Buffer]) -> Result<(), SpillError> {
+        match self {
+            Self::Own(writer) => writer.write_message(buffers),
+            Self::Shared(sink) => sink.write_message(buffers),
+        }
+    }
+
+    fn path(&self) -> &Path {
+        match self {
+            Self::Own(writer) => writer.guard.path(),
+            Self::Shared(sink) => sink.file.path(),
+        }
+    }
+
+    fn bytes(&self) -> u64 {
+        match self {
+            Self::Own(writer) => writer.guard.bytes(),
+            Self::Shared(sink) => sink.bytes,
+        }
+    }
+
+    fn manager(&self) -> &ManagerInner {
+        match self {
+            Self::Own(writer) => writer.guard.manager(),
+            Self::Shared(sink) => sink.file.manager(),
+        }
+    }
+
+    /// Where the finished file's bytes are.
+    fn into_storage(self) -> Storage {
+        match self {
+            Self::Own(writer) => Storage::Whole(writer.into_guard()),
+            Self::Shared(sink) => Storage::Shared {
+                file: sink.file,
+                extents: sink.extents.into(),
+                bytes: sink.bytes,
+            },
+        }
+    }
+}
+
 /// `Write::write_all_vectored`, which is not stable yet.
 fn write_all_vectored(writer: &mut impl Write, buffers: &[Buffer]) -> io::Result<()> {
     let mut slices: Vec<IoSlice<'_>> = buffers
@@ -108,7 +215,9 @@ fn write_all_vectored(writer: &mut impl Write, buffers: &[Buffer]) -> io::Result
 ///
 /// Created by [`crate::SpillManager::create_writer`]; [`SpillWriter::finish`]
 /// consumes it and returns the [`SpillFile`]. Dropping a writer without
-/// finishing it deletes the file and returns its bytes to the quota.
+/// finishing it deletes the file and returns its bytes to the quota (a writer
+/// of a [`crate::SpillGroup`] leaves its bytes in the shared file, which goes
+/// with its last spill file).
 ///
 /// The schema message goes out with the first batch (or at `finish`).
 /// After any failed [`write`](SpillWriter::write) except a schema mismatch
@@ -124,7 +233,7 @@ pub struct SpillWriter {
     /// The encoder of the current segment; `None` before the first batch.
     encoder: Option<StreamEncoder>,
     options: IpcWriteOptions,
-    sink: CountingWriter,
+    sink: Sink,
     schema: SchemaRef,
     /// The wide file schema (`schema` with narrow decimals as `Int64`; the same `Arc`
     /// when nothing narrows), which batches may also come in.
@@ -155,11 +264,11 @@ impl std::fmt::Debug for SpillWriter {
 impl SpillWriter {
     /// Sets up the encoder; nothing is written yet.
     pub(crate) fn try_new(
-        sink: CountingWriter,
+        sink: Sink,
         schema: SchemaRef,
         compression: SpillCompression,
     ) -> Result<Self, SpillError> {
-        let path = sink.guard.path().to_owned();
+        let path = sink.path().to_owned();
         let options = IpcWriteOptions::default()
             .try_with_compression(compression.ipc_compression())
             .map_err(|source| SpillError::Arrow {
@@ -324,7 +433,7 @@ impl SpillWriter {
     /// Bytes written to the file so far, including the schema message and IPC
     /// framing.
     pub fn bytes_written(&self) -> u64 {
-        self.sink.guard.bytes()
+        self.sink.bytes()
     }
 
     /// Batches written so far.
@@ -363,8 +472,7 @@ impl SpillWriter {
         }
         .map_err(|source| SpillError::Arrow { path, source })?;
         sink.write_message(&buffers)?;
-        let guard = sink.into_guard();
-        Ok(SpillFile::new(guard, schema, rows, batches))
+        Ok(SpillFile::new(sink.into_storage(), schema, rows, batches))
     }
 
     fn check_usable(&self) -> Result<(), SpillError> {
@@ -377,7 +485,7 @@ impl SpillWriter {
     }
 
     fn manager(&self) -> &ManagerInner {
-        self.sink.guard.manager()
+        self.sink.manager()
     }
 }
 

@@ -152,7 +152,8 @@ impl std::fmt::Display for JoinPhase {
 }
 
 /// The spill files of one side of a level: segments of a few shared files
-/// ([`SpillGroup`]), one per thread, instead of a file per partition. A level under
+/// ([`SpillGroup`]), as many as threads (partition p writes to file p mod
+/// threads), instead of a file per partition. A level under
 /// a small limit spills every partition on both sides, and creating (and
 /// deleting) a file costs more than writing it where the file system scans past
 /// recently deleted inodes: SF1 orders ⋈ lineitem at a 5% limit spent a quarter of

@@ -644,7 +644,9 @@ pub struct JoinMetrics {
     /// Probe rows of spilled partitions that the bloom filters showed could not match,
     /// so they were never written.
     pub probe_rows_skipped: u64,
-    /// Spill files created.
+    /// Spill files created on disk. The spilled partitions of one side of a level
+    /// share up to one file per thread, so this is not a count of partitions
+    /// (see `partitions_spilled`).
     pub spill_files: u64,
     /// Build-side spill files created (at every level; a swapped pair's build side
     /// is the probe input's).

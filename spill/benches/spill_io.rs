@@ -18,7 +18,13 @@
 //! - `plain/read_1MiB_chunks`: the same file streamed through one reused
 //!   1 MiB buffer: the floor of any reader that copies.
 //!
-//! Deleting the files is not measured. Nothing is fsynced.
+//! - `partitions/{own_files,group_of_2}`: what a join's level does under a small
+//!   limit: 64 partitions, each written as its own stream in 2048-row batches,
+//!   one batch of each in turn, then each read back and dropped; each stream in a
+//!   file of its own (created and deleted) or all in a [`spilljoin_spill::SpillGroup`]
+//!   of two shared files. Creating and deleting the files is measured here.
+//!
+//! Deleting the files is not measured elsewhere. Nothing is fsynced.
 //!
 //! Run: `cargo bench -p spilljoin-spill --bench spill_io`
 
@@ -35,7 +41,9 @@ use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Through
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-use spilljoin_spill::{SpillCompression, SpillConfig, SpillFile, SpillManager, SpillReadMode};
+use spilljoin_spill::{
+    SpillCompression, SpillConfig, SpillFile, SpillManager, SpillReadMode, SpillWriter,
+};
 
 const BATCH_ROWS: usize = 8192;
 const TOTAL_BYTES: usize = 64 << 20;
@@ -250,6 +258,54 @@ fn bench_spill_io(c: &mut Criterion) {
             })
         });
     }
+    group.finish();
+
+    // A level's partitions: many streams of small batches, interleaved.
+    let mut group = c.benchmark_group("partitions");
+    const PARTITIONS: usize = 64;
+    const PARTITION_ROWS: usize = 2048;
+    let small: Vec<RecordBatch> = batches
+        .iter()
+        .flat_map(|b| {
+            (0..b.num_rows() / PARTITION_ROWS)
+                .map(move |i| b.slice(i * PARTITION_ROWS, PARTITION_ROWS))
+        })
+        .collect();
+    group.throughput(Throughput::Bytes(in_memory_bytes));
+    let m = manager(SpillCompression::None, SpillReadMode::Buffered);
+    let level = |writers: Vec<SpillWriter>| {
+        let mut writers = writers;
+        for (i, b) in small.iter().enumerate() {
+            writers[i % PARTITIONS].write(b).unwrap();
+        }
+        let files: Vec<SpillFile> = writers.into_iter().map(|w| w.finish().unwrap()).collect();
+        let mut sum = 0;
+        for file in files {
+            for batch in file.reader().unwrap() {
+                sum += touch(&batch.unwrap(), 4096);
+            }
+        }
+        black_box(sum)
+    };
+    group.bench_function("own_files", |b| {
+        b.iter(|| {
+            level(
+                (0..PARTITIONS)
+                    .map(|p| m.create_writer(schema(), &format!("p{p}")).unwrap())
+                    .collect(),
+            )
+        })
+    });
+    group.bench_function("group_of_2", |b| {
+        b.iter(|| {
+            let files = m.create_group("level", 2);
+            level(
+                (0..PARTITIONS)
+                    .map(|p| files.create_writer(schema(), p).unwrap())
+                    .collect(),
+            )
+        })
+    });
     group.finish();
 
     let mut group = c.benchmark_group("plain");

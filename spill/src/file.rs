@@ -17,7 +17,8 @@ use crate::reader::{SpillReader, Trust};
 /// deletes it when dropped.
 ///
 /// A writer holds the guard while it writes; `finish` moves it into the
-/// [`SpillFile`]. Dropping it anywhere — an unfinished writer, the last
+/// [`SpillFile`]. A shared file's guard is held by the file itself
+/// ([`SharedFile`]), which its group, writers and spill files share. Dropping it anywhere — an unfinished writer, the last
 /// `SpillFile` clone, an unwinding panic — deletes the file and gives its
 /// bytes back to the quota. It also keeps the manager (and so the directory)
 /// alive.
@@ -93,9 +94,9 @@ pub(crate) struct SharedState {
     pub(crate) guard: FileGuard,
     /// Bytes in the file: where the next message goes.
     pub(crate) len: u64,
-    /// A write failed partway: the end of the file is not known to be `len` any
-    /// more, so nothing more is appended.
-    pub(crate) failed: bool,
+    /// Why a write failed partway: the end of the file is not known to be `len`
+    /// any more, so nothing more is appended.
+    pub(crate) failed: Option<String>,
 }
 
 impl SharedFile {
@@ -107,7 +108,7 @@ impl SharedFile {
                 file,
                 guard,
                 len: 0,
-                failed: false,
+                failed: None,
             }),
         }
     }
@@ -134,8 +135,8 @@ impl SharedFile {
 /// its own or as segments of a shared file ([`crate::SpillGroup`]).
 ///
 /// Cheap to clone (one `Arc`); all clones are the same file, which is deleted
-/// when the last clone is dropped (a shared file: when the last spill file in it
-/// is). It can be read any number of times, also from several threads at once,
+/// when the last clone is dropped (a shared file: when the last spill file in
+/// it, its last writer and its [`crate::SpillGroup`] are). It can be read any number of times, also from several threads at once,
 /// each with its own [`SpillReader`].
 #[derive(Clone)]
 pub struct SpillFile {

@@ -36,8 +36,9 @@
 //! columns are written as narrow as their values allow ([`file_schema`],
 //! [`segment_schema`]): when a batch needs a column wider than the file has
 //! held it so far, a new schema message opens a new *segment* of the stream.
-//! Any Arrow implementation reads the first segment (`pyarrow.ipc.open_stream`,
-//! for instance), which helps when debugging; files are named
+//! Any Arrow implementation reads the first segment of a file of its own
+//! (`pyarrow.ipc.open_stream`, for instance), which helps when debugging (the
+//! streams of a shared file interleave); files are named
 //! `<sequence>-<label>.arrows`.
 //!
 //! Reading is strict where arrow's stream reader is lenient: every length is
@@ -51,7 +52,8 @@
 //!
 //! A file is deleted when its last owner goes: the unfinished
 //! [`SpillWriter`], or the last clone of its [`SpillFile`] (each open
-//! [`SpillReader`] holds one). Every file also holds the manager's shared
+//! [`SpillReader`] holds one); a shared file when its [`SpillGroup`], its last
+//! writer and its last spill file are gone. Every file also holds the manager's shared
 //! state, so the directory outlives every file in it and is removed,
 //! recursively, when the last [`SpillManager`] clone and the last file are
 //! gone. All of this happens in `Drop`, so it also happens while a panic
@@ -62,9 +64,10 @@
 //!
 //! A [`SpillGroup`] ([`SpillManager::create_group`]) writes many spill files
 //! into a few shared files instead: each message goes to the end of its slot's
-//! file, and the [`SpillFile`] keeps the list of where its messages are. It
-//! reads back like a file of its own (the same framing and checks, over its
-//! segments only). A shared file is deleted when its group, its last writer and
+//! file, and the [`SpillFile`] keeps the list of where its messages are (its
+//! *extents*). It reads back like a file of its own (the same framing and
+//! checks, over its extents only; no message may cross from one extent into
+//! the next). A shared file is deleted when its group, its last writer and
 //! its last spill file are gone, and keeps the bytes of the spill files dropped
 //! before then: its space comes back all at once. A join spilling hundreds of
 //! partitions at a time creates a few files instead of hundreds.

@@ -22,7 +22,8 @@ const LABEL_MAX_CHARS: usize = 48;
 /// [`SpillManager::disk_used_bytes`] for what is on disk now).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct SpillMetrics {
-    /// Writers created (each creates one file).
+    /// Files created: one per [`SpillManager::create_writer`], one per shared
+    /// file of a [`SpillGroup`].
     pub files_created: u64,
     /// Bytes written to spill files, IPC framing included.
     pub bytes_written: u64,
@@ -190,8 +191,9 @@ impl SpillManager {
         }
     }
 
-    /// Files not yet deleted: unfinished writers plus finished files with a
-    /// live [`crate::SpillFile`] handle.
+    /// Files not yet deleted: those of unfinished writers and of finished files
+    /// with a live [`crate::SpillFile`] handle, and the shared files of
+    /// [`SpillGroup`]s that a group, a writer or a spill file still holds.
     pub fn live_files(&self) -> usize {
         self.inner.live_files.load(Ordering::Relaxed)
     }
@@ -208,10 +210,14 @@ impl SpillManager {
 /// limit spent a quarter of its CPU time in `openat` for its 128 files.
 ///
 /// A writer of the group ([`SpillGroup::create_writer`]) appends each message to
-/// the end of the shared file of its slot, under that file's lock, and its
-/// [`SpillFile`](crate::SpillFile) keeps the list of where its messages are; it
-/// reads back like any other. Writers of different slots write at the same time;
-/// writers of one slot take turns, one message at a time.
+/// the end of the shared file of its slot (the slot number modulo the group's
+/// files), under that file's lock, and its [`SpillFile`](crate::SpillFile) keeps
+/// the list of where its messages are (its *extents*); it reads back like any
+/// other, over its extents only. Writers of different files write at the same
+/// time; writers of one file take turns, one message at a time.
+///
+/// A write that fails partway leaves the end of its shared file unknown: every
+/// later write to that file fails too, naming the first failure.
 ///
 /// A shared file is deleted, and its bytes returned to the quota, when the last
 /// writer and the last spill file in it are dropped (and the group, which keeps

@@ -67,6 +67,29 @@ pub(crate) struct Buffered {
     /// Bytes not yet read, of the file's (or its extents') length when it was
     /// opened.
     remaining: u64,
+    /// Where each extent ends in the bytes read one after the other, and the
+    /// extent being read: no message may cross from one into the next, as in
+    /// [`Mapped`].
+    ends: Vec<u64>,
+    index: usize,
+}
+
+impl Buffered {
+    /// Checks that the next `len` bytes lie in one extent (the caller checked that
+    /// they are left).
+    fn within_extent(&mut self, len: usize) -> Result<(), FrameError> {
+        let position = self.ends.last().copied().unwrap_or(0) - self.remaining;
+        while self.index + 1 < self.ends.len() && self.ends[self.index] == position {
+            self.index += 1;
+        }
+        let end = self.ends.get(self.index).copied().unwrap_or(0);
+        if position + len as u64 > end {
+            return Err(FrameError::Corrupt(format!(
+                "{len} bytes at {position} cross the end of an extent at {end}"
+            )));
+        }
+        Ok(())
+    }
 }
 
 pub(crate) struct Mapped {
@@ -137,7 +160,17 @@ impl MessageSource {
         mode: SpillReadMode,
     ) -> Result<Self, FrameError> {
         let file = File::open(path).map_err(FrameError::Io)?;
-        let len = file.metadata().map_err(FrameError::Io)?.len();
+        let whole = extents.is_none();
+        // In mmap mode the mapping's length is the file's: every range read below
+        // lies inside it, even if the file changed since its size was asked.
+        let (map, len) = match mode {
+            SpillReadMode::Buffered => (None, file.metadata().map_err(FrameError::Io)?.len()),
+            SpillReadMode::Mmap => {
+                let map = map_file(&file, whole).map_err(FrameError::Io)?;
+                let len = map.as_ref().map_or(0, |map| map.len() as u64);
+                (map, len)
+            }
+        };
         let extents = match extents {
             Some(extents) => {
                 if let Some(past) = extents
@@ -156,6 +189,14 @@ impl MessageSource {
         let total = extents.iter().map(|e| e.len).sum();
         match mode {
             SpillReadMode::Buffered => Ok(Self::Buffered(Buffered {
+                ends: extents
+                    .iter()
+                    .scan(0, |end, e| {
+                        *end += e.len;
+                        Some(*end)
+                    })
+                    .collect(),
+                index: 0,
                 reader: BufReader::with_capacity(
                     READ_BUFFER_BYTES,
                     ExtentReader {
@@ -168,7 +209,7 @@ impl MessageSource {
                 remaining: total,
             })),
             SpillReadMode::Mmap => Ok(Self::Mapped(
-                Mapped::map(&file, len, extents, total).map_err(FrameError::Io)?,
+                Mapped::new(map, extents, total).map_err(FrameError::Io)?,
             )),
         }
     }
@@ -224,6 +265,7 @@ impl MessageSource {
         let mut word = [0; 4];
         match self {
             Self::Buffered(b) => {
+                b.within_extent(4)?;
                 b.reader.read_exact(&mut word).map_err(eof_is_corrupt)?;
                 b.remaining -= 4;
             }
@@ -245,6 +287,7 @@ impl MessageSource {
         }
         match self {
             Self::Buffered(b) => {
+                b.within_extent(len)?;
                 // `read_to_end` fills the spare capacity without zeroing it
                 // first; the capacity is exact, so it never reallocates.
                 let mut bytes = Vec::with_capacity(len);
@@ -274,37 +317,16 @@ impl MessageSource {
 }
 
 impl Mapped {
-    fn map(file: &File, len: u64, extents: Arc<[Extent]>, total: u64) -> io::Result<Self> {
+    /// Reads `extents` (of `total` bytes, all inside `map`) of a mapping.
+    fn new(map: Option<memmap2::Mmap>, extents: Arc<[Extent]>, total: u64) -> io::Result<Self> {
         let first = extents
             .first()
             .copied()
             .unwrap_or(Extent { offset: 0, len: 0 });
         let position = usize::try_from(first.offset).map_err(io::Error::other)?;
         let end = usize::try_from(first.offset + first.len).map_err(io::Error::other)?;
-        if len == 0 {
-            // Mapping zero bytes fails on some platforms; nothing to map.
-            return Ok(Self {
-                map: None,
-                extents,
-                index: 0,
-                position: 0,
-                end: 0,
-                remaining: 0,
-            });
-        }
-        // SAFETY: the mapping is valid for as long as the `Mmap` lives, and
-        // every `Buffer` made from it owns it through the `Arc`. Its contents
-        // may only change (or its pages vanish, raising SIGBUS) if another
-        // process writes or truncates the file while it is mapped. Spill files
-        // live in a 0o700 directory of this process, and the bytes of a finished
-        // spill file are never written again (a shared file only grows past
-        // them); `SpillReadMode::Mmap` documents the risk for other paths.
-        let map = unsafe { memmap2::MmapOptions::new().map(file)? };
-        // Readahead hint only; failure changes nothing but speed.
-        #[cfg(unix)]
-        let _ = map.advise(memmap2::Advice::Sequential);
         Ok(Self {
-            map: Some(Arc::new(map)),
+            map: map.map(Arc::new),
             extents,
             index: 0,
             position,
@@ -327,7 +349,7 @@ impl Mapped {
         }
         if self.end - self.position < len {
             return Err(FrameError::Corrupt(format!(
-                "{len} bytes at {} cross the end of a segment at {}",
+                "{len} bytes at {} cross the end of an extent at {}",
                 self.position, self.end
             )));
         }
@@ -365,10 +387,97 @@ impl Mapped {
     }
 }
 
+/// Maps all of `file`; `None` for an empty file, which cannot be mapped on some
+/// platforms. A file read `whole` is read front to back: the kernel is told so.
+fn map_file(file: &File, whole: bool) -> io::Result<Option<memmap2::Mmap>> {
+    if file.metadata()?.len() == 0 {
+        return Ok(None);
+    }
+    // SAFETY: the mapping is valid for as long as the `Mmap` lives, and
+    // every `Buffer` made from it owns it through the `Arc`. Its contents
+    // may only change (or its pages vanish, raising SIGBUS) if another
+    // process writes or truncates the file while it is mapped. Spill files
+    // live in a 0o700 directory of this process, and the bytes of a finished
+    // spill file are never written again (a shared file only grows past
+    // them); `SpillReadMode::Mmap` documents the risk for other paths.
+    let map = unsafe { memmap2::MmapOptions::new().map(file)? };
+    // Readahead hint only; failure changes nothing but speed. (A spill file of a
+    // shared file reads its extents only, among other files' bytes.)
+    #[cfg(unix)]
+    if whole {
+        let _ = map.advise(memmap2::Advice::Sequential);
+    }
+    Ok(Some(map))
+}
+
 fn eof_is_corrupt(e: io::Error) -> FrameError {
     if e.kind() == io::ErrorKind::UnexpectedEof {
         FrameError::Corrupt("file shrank while being read".to_owned())
     } else {
         FrameError::Io(e)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{SpillConfig, SpillManager};
+    use arrow_array::{Int64Array, RecordBatch};
+    use arrow_schema::{DataType, Field, Schema};
+
+    /// The messages of `source` until the end marker, or the first error.
+    fn count(mut source: MessageSource) -> Result<usize, String> {
+        let mut n = 0;
+        loop {
+            match source.next_message() {
+                Ok(Some(_)) => n += 1,
+                Ok(None) => return Ok(n),
+                Err(FrameError::Corrupt(e)) => return Err(e),
+                Err(FrameError::Io(e)) => return Err(e.to_string()),
+            }
+        }
+    }
+
+    #[test]
+    fn no_message_may_cross_from_one_extent_into_the_next() {
+        let m = SpillManager::new(SpillConfig::default()).unwrap();
+        let schema = Arc::new(Schema::new(vec![Field::new("k", DataType::Int64, false)]));
+        let batch =
+            RecordBatch::try_new(schema.clone(), vec![Arc::new(Int64Array::from(vec![1, 2]))])
+                .unwrap();
+        let mut w = m.create_writer(schema, "t").unwrap();
+        w.write(&batch).unwrap();
+        w.write(&batch).unwrap();
+        let file = w.finish().unwrap();
+        let len = file.bytes();
+        for mode in [SpillReadMode::Buffered, SpillReadMode::Mmap] {
+            let open = |extents: Vec<Extent>| {
+                MessageSource::open(file.path(), Some(extents.into()), mode)
+                    .map_err(|_| "open failed".to_owned())
+                    .and_then(count)
+            };
+            // Schema, two batches: the same as one extent, or cut at message ends.
+            assert_eq!(open(vec![Extent { offset: 0, len }]), Ok(3), "{mode}");
+            let whole = MessageSource::open(file.path(), None, mode)
+                .map_err(|_| "open failed".to_owned())
+                .and_then(count);
+            assert_eq!(whole, Ok(3), "{mode}");
+            // Cut inside the schema message: both modes refuse it.
+            let cut = vec![
+                Extent { offset: 0, len: 10 },
+                Extent {
+                    offset: 10,
+                    len: len - 10,
+                },
+            ];
+            let err = open(cut).unwrap_err();
+            assert!(err.contains("cross the end of an extent"), "{mode}: {err}");
+            // Extents past the end of the file.
+            let past = vec![Extent {
+                offset: 0,
+                len: len + 1,
+            }];
+            assert!(open(past).is_err(), "{mode}");
+        }
     }
 }

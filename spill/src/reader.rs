@@ -181,7 +181,6 @@ pub fn read_spill_file(
 }
 
 impl SpillReader {
-    /// Opens the file and reads its schema message.
     /// Opens the file (or only its `extents`, in order) and reads its schema
     /// message.
     pub(crate) fn open(
@@ -236,8 +235,9 @@ impl SpillReader {
         if trusted {
             // SAFETY: a trusted file was encoded by arrow's IPC writer from
             // valid arrays (every `RecordBatch` is), in this process, into a
-            // file created with `create_new` in our 0o700 directory that
-            // nothing writes after `finish`; decoding those bytes yields the
+            // file created with `create_new` in our 0o700 directory, whose
+            // bytes nothing rewrites after `finish` (a shared file only grows
+            // past a finished stream's extents); decoding those bytes yields the
             // same valid arrays. DataFusion skips validation of its own spill
             // files on the same argument. Truncation and buffer bounds are
             // still checked; only a file altered behind our back by someone

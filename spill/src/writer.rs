@@ -6,7 +6,9 @@
 //!            (IPC framing;     (the batch's    (reserves quota    (one writev(2)
 //!             compression)      own buffers     for the whole      per message)
 //!                               when not        message first)
-//!                               compressed)
+//!                               compressed)    or SharedSink ───► end of a shared
+//!                                              (the same, under    file; the extent
+//!                                               the file's lock)   is noted
 //! ```
 //!
 //! arrow's `StreamWriter` would do the same framing but issue one `write` per
@@ -107,8 +109,13 @@ impl SharedSink {
         let bytes: u64 = buffers.iter().map(|b| b.len() as u64).sum();
         let path = || self.file.path().to_owned();
         let mut state = self.file.lock();
-        if state.failed {
-            return Err(SpillError::WriterFailed { path: path() });
+        if let Some(cause) = &state.failed {
+            return Err(SpillError::Io {
+                path: path(),
+                source: io::Error::other(format!(
+                    "an earlier write to this shared file failed: {cause}"
+                )),
+            });
         }
         if let Err(denied) = state.guard.reserve(bytes) {
             return Err(SpillError::QuotaExceeded {
@@ -123,13 +130,16 @@ impl SharedSink {
             .bytes_written
             .fetch_add(bytes, Ordering::Relaxed);
         // Until the write has gone through, the file's end is not known (a panic
-        // unwinding out of here leaves the flag set, and the lock poisoned).
-        state.failed = true;
-        write_all_vectored(&mut state.file, buffers).map_err(|source| SpillError::Io {
-            path: path(),
-            source,
-        })?;
-        state.failed = false;
+        // unwinding out of here leaves this set, and the lock poisoned).
+        state.failed = Some("a writer panicked while writing".to_owned());
+        if let Err(source) = write_all_vectored(&mut state.file, buffers) {
+            state.failed = Some(source.to_string());
+            return Err(SpillError::Io {
+                path: path(),
+                source,
+            });
+        }
+        state.failed = None;
         let offset = state.len;
         state.len += bytes;
         drop(state);
@@ -294,7 +304,7 @@ impl SpillWriter {
         })
     }
 
-    /// Where the file is being written.
+    /// Where the file is being written (a group writer's: its shared file).
     pub fn path(&self) -> &Path {
         &self.path
     }
@@ -450,7 +460,8 @@ impl SpillWriter {
     /// [`SpillError::WriterFailed`] if an earlier write failed;
     /// [`SpillError::QuotaExceeded`] or [`SpillError::Io`] if the last bytes
     /// cannot be written; [`SpillError::Arrow`] if the schema cannot be
-    /// encoded. In every error case the file is deleted.
+    /// encoded. In every error case the file is deleted (a group writer's bytes
+    /// stay in its shared file until that is).
     pub fn finish(self) -> Result<SpillFile, SpillError> {
         self.check_usable()?;
         let Self {

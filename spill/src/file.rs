@@ -121,14 +121,20 @@ impl SharedFile {
     /// lock set `failed` first (see `SharedSink::write_message`), so the state of a
     /// poisoned lock is still consistent.
     pub(crate) fn lock(&self) -> MutexGuard<'_, SharedState> {
-        self.state
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
+        lock(&self.state)
     }
 
     pub(crate) fn manager(&self) -> &ManagerInner {
         &self.manager
     }
+}
+
+/// `mutex`'s guard, also when a thread panicked while holding it: every lock of
+/// this crate keeps its state consistent at every point a panic could leave it.
+pub(crate) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 /// A finished, read-only spill file: an Arrow IPC stream on disk, in a file of

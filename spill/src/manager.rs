@@ -9,7 +9,7 @@ use arrow_schema::SchemaRef;
 
 use crate::config::SpillConfig;
 use crate::error::SpillError;
-use crate::file::{FileGuard, SharedFile};
+use crate::file::{lock, FileGuard, SharedFile};
 use crate::quota::DiskQuota;
 use crate::writer::{CountingWriter, SharedSink, Sink, SpillWriter};
 
@@ -284,14 +284,6 @@ impl SpillGroup {
         self.created.fetch_add(1, Ordering::Relaxed);
         Ok(file)
     }
-}
-
-/// A slot's lock; nothing panics while holding it, but its state stays valid if
-/// something did.
-fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    mutex
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 fn create_file(path: &Path) -> std::io::Result<File> {

@@ -116,14 +116,14 @@ struct ExtentReader {
 
 impl Read for ExtentReader {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        if buf.is_empty() {
+            return Ok(0);
+        }
         loop {
             let Some(extent) = self.extents.get(self.index) else {
                 return Ok(0);
             };
-            if self.done == extent.len || buf.is_empty() {
-                if buf.is_empty() {
-                    return Ok(0);
-                }
+            if self.done == extent.len {
                 self.index += 1;
                 self.done = 0;
                 continue;

@@ -806,12 +806,17 @@ impl<'a> Prober<'a> {
             );
         }
         // The first candidates' links and keys start loading now, so the walks
-        // below find them in cache (the lookups above already overlapped).
-        for &first in &firsts {
-            part.table.prefetch_link(first);
-            if !skip_eq {
-                if let Some(b) = part.table.first_row(first) {
-                    eq.prefetch_build(b);
+        // below find them in cache (the lookups above already overlapped) — unless
+        // the walks go through the build rows in order, which the processor reads
+        // ahead by itself (SF10 orders ⋈ lineitem at a 25% limit, whose spilled pairs
+        // come in key order: pairs phase 0.66 → 0.59 s without the hints).
+        if !part.table.walks_in_row_order(&firsts) {
+            for &first in &firsts {
+                part.table.prefetch_link(first);
+                if !skip_eq {
+                    if let Some(b) = part.table.first_row(first) {
+                        eq.prefetch_build(b);
+                    }
                 }
             }
         }

@@ -24,7 +24,8 @@
 //! value where their values spread evenly: bucket `(key - min) >> shift`, the
 //! smallest shift that fits the span into a hashed table's buckets
 //! ([`ChainedTable::build_ranged`]). Chains then hold nearby keys, compared as in a
-//! hashed table; what this buys is locality. Where build and probe come in key order
+//! hashed table, and a bucket says whether its chain has more than one row, as in a
+//! key index; what this buys is locality. Where build and probe come in key order
 //! (a fact table sorted by the key it joins on: `lineitem` by order key), successive
 //! lookups read neighbouring buckets and rows instead of one cache miss each — the
 //! partitions of a hash-partitioned build, whose keys span the whole column, get the
@@ -70,6 +71,11 @@ pub const RANGED_MAX_MEAN_WALK: f64 = 3.0;
 
 use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 use std::sync::Arc;
+
+/// Walks visit build rows in order ([`ChainedTable::walks_in_row_order`]) when at most
+/// one step in this many goes back: a probe batch in key order meets the build rows
+/// of two threads' runs interleaved, and still reads them ahead.
+pub const IN_ORDER_MAX_BACK_STEPS: usize = 16;
 
 /// In a key-indexed table's bucket: the chain has more rows than its first.
 const MORE: u32 = 1 << 31;
@@ -150,7 +156,7 @@ impl ChainedTable {
     /// [`build_ranged`](Self::build_ranged) of `words`, whose smallest and largest
     /// values are `min` and `max`.
     fn ranged_in(words: &[u64], min: u64, max: u64) -> Option<Self> {
-        if words.is_empty() || words.len() > MAX_TABLE_ROWS {
+        if words.is_empty() || words.len() >= MORE as usize {
             return None;
         }
         let span = max - min;
@@ -177,14 +183,16 @@ impl ChainedTable {
             return None;
         }
         let mut buckets = vec![0u32; bucket_count];
-        // Every row is linked, so its link is written once, never zeroed first.
+        // Every row is linked, so its link is written once, never zeroed first. As in
+        // a key index, a bucket whose chain holds more than one row says so
+        // ([`MORE`]): a walk of a one-row chain reads no link.
         let next: Vec<u32> = words
             .iter()
             .enumerate()
             .map(|(row, &word)| {
                 let bucket = &mut buckets[((word - min) >> shift) as usize];
-                let previous = *bucket;
-                *bucket = row as u32 + 1;
+                let previous = *bucket & !MORE;
+                *bucket = (row as u32 + 1) | if previous != 0 { MORE } else { 0 };
                 previous
             })
             .collect();
@@ -225,7 +233,8 @@ impl ChainedTable {
     }
 
     /// In a table bucketed by key value, the first entry of the chain holding `word`'s
-    /// rows, if any, among others (0 when none).
+    /// rows, if any, among others (0 when none), with [`MORE`] set when the chain has
+    /// more than one row.
     #[inline(always)]
     pub fn first_ranged(&self, word: u64) -> u32 {
         let (min, shift) = self.ranged.unwrap_or((0, 0));
@@ -396,7 +405,7 @@ impl ChainedTable {
     /// never faults and changes nothing).
     #[inline(always)]
     pub fn prefetch_link(&self, first: u32) {
-        let entry = if self.is_direct() {
+        let entry = if self.by_key() {
             if first & MORE == 0 {
                 return;
             }
@@ -412,10 +421,32 @@ impl ChainedTable {
         }
     }
 
+    /// Whether walks from `firsts` (first entries of lookups in a table looked up by
+    /// key, in the order they are walked) visit the build rows in order, nearly: at
+    /// most one step in [`IN_ORDER_MAX_BACK_STEPS`] goes back (misses are not steps).
+    /// So they do where probe and build both come in key order (a fact table sorted
+    /// by the key it joins on, `lineitem` by order key, and a dimension table by its
+    /// own key): the processor then loads the rows ahead by itself, and prefetch
+    /// hints ([`prefetch_link`](Self::prefetch_link)) only cost instructions. False for
+    /// a hashed table, whose buckets follow no order.
+    pub fn walks_in_row_order(&self, firsts: &[u32]) -> bool {
+        if !self.by_key() {
+            return false;
+        }
+        let (mut last, mut back) = (0u32, 0usize);
+        for &first in firsts {
+            let entry = first & !MORE;
+            let hit = entry != 0;
+            back += usize::from(hit & (entry < last));
+            last = if hit { entry } else { last };
+        }
+        back * IN_ORDER_MAX_BACK_STEPS <= firsts.len()
+    }
+
     /// The row a chain's first entry names (0-based), if any.
     #[inline(always)]
     pub fn first_row(&self, first: u32) -> Option<usize> {
-        ((first & if self.is_direct() { !MORE } else { u32::MAX }) as usize).checked_sub(1)
+        ((first & if self.by_key() { !MORE } else { u32::MAX }) as usize).checked_sub(1)
     }
 
     /// Like [`for_each_candidate`](Self::for_each_candidate), from a first entry
@@ -438,10 +469,11 @@ impl ChainedTable {
     ) -> Option<u32> {
         // One call of `f` in the loop, so that it is inlined: a walk costs a call
         // per candidate otherwise (a tenth of a spilled semi join's CPU at SF1).
-        // In a key-indexed table a bucket without [`MORE`] holds its only row, and
-        // every row of a chain has the key: no hash is compared.
+        // In a table looked up by key a bucket without [`MORE`] holds its only row;
+        // in a key-indexed one every row of a chain has the key: no hash is compared.
         let direct = self.is_direct();
-        let (mut entry, single) = if direct {
+        let flagged = self.by_key();
+        let (mut entry, single) = if flagged {
             (first & !MORE, first & MORE == 0)
         } else {
             (first, false)
@@ -450,8 +482,8 @@ impl ChainedTable {
             let row = entry as usize - 1;
             let next = if single { 0 } else { self.next(row) };
             if (direct || !check_hash || hashes[row] == hash) && f(row).is_break() {
-                // In a key-indexed table the rest is a chain of links: flagged so.
-                return (next != 0).then_some(if direct { next | MORE } else { next });
+                // In a table looked up by key the rest is a chain of links: flagged so.
+                return (next != 0).then_some(if flagged { next | MORE } else { next });
             }
             entry = next;
         }
@@ -603,6 +635,20 @@ mod tests {
             ControlFlow::Continue(())
         });
         found.sort();
+        // A walk that stops at every row and goes on from where it stopped finds the
+        // same rows: what a walk resumed after its caller's buffer filled does.
+        let mut resumed = vec![];
+        let mut from = Some(table.first_ranged(word));
+        while let Some(entry) = from {
+            from = table.for_each_candidate_from(entry, 0, &[], false, |row| {
+                if words[row] == word {
+                    resumed.push(row);
+                }
+                ControlFlow::Break(())
+            });
+        }
+        resumed.sort();
+        assert_eq!(found, resumed, "{word}");
         found
     }
 
@@ -629,6 +675,9 @@ mod tests {
         for absent in [0, 999_999, 1_000_001, 1_000_000 + 4096 * 1000, u64::MAX] {
             assert!(ranged_rows(&table, &words, absent).is_empty(), "{absent}");
         }
+        // A bucket says whether its chain has more than its first row.
+        assert_eq!(table.first_ranged(1_000_000 + 4096) & MORE, 0);
+        assert_eq!(table.first_ranged(1_000_000) & MORE, MORE);
         // The whole u64 range, evenly spread: the top bits bucket it.
         let spread: Vec<u64> = (0..4096u64)
             .map(|i| i.wrapping_mul(0x9E37_79B9_7F4A_7C15))
@@ -660,6 +709,47 @@ mod tests {
         );
         full.push(7);
         assert!(ChainedTable::build_ranged(&full).is_none());
+        Ok(())
+    }
+
+    #[test]
+    fn lookups_in_key_order_walk_the_build_rows_in_order() -> Result<(), &'static str> {
+        // Build rows in key order, every 64th key of a wide range on average.
+        let words: Vec<u64> = (0..4096u64).map(|i| i * 64 + i % 7).collect();
+        let table = ChainedTable::build_ranged(&words).ok_or("not spread evenly")?;
+        let firsts = |probes: &mut dyn Iterator<Item = u64>| -> Vec<u32> {
+            probes.map(|w| table.first_ranged(w)).collect()
+        };
+        // In key order, each key twice, with misses between: in order.
+        let in_order = firsts(&mut words.iter().flat_map(|&w| [w, w, w + 1]));
+        assert!(table.walks_in_row_order(&in_order));
+        // Build rows written by two threads, groups of 64 keys each, one thread a
+        // group ahead (groups 0, 2, 1, 4, 3, ...): probed in key order, a back step
+        // every 128 rows.
+        let groups: Vec<&[u64]> = words.chunks(64).collect();
+        let mut order: Vec<usize> = vec![0];
+        for g in (2..groups.len()).step_by(2) {
+            order.extend([g, g - 1]);
+        }
+        order.push(groups.len() - 1);
+        let two_threads: Vec<u64> = order.iter().flat_map(|&g| groups[g].to_vec()).collect();
+        let table2 = ChainedTable::build_ranged(&two_threads).ok_or("not spread evenly")?;
+        let in_key_order: Vec<u32> = words.iter().map(|&w| table2.first_ranged(w)).collect();
+        assert!(table2.walks_in_row_order(&in_key_order));
+        // Backwards, or every other key from the far end: not in order.
+        let backwards = firsts(&mut words.iter().rev().copied());
+        assert!(!table.walks_in_row_order(&backwards));
+        let zigzag = firsts(
+            &mut words
+                .iter()
+                .zip(words.iter().rev())
+                .flat_map(|(&a, &b)| [a, b]),
+        );
+        assert!(!table.walks_in_row_order(&zigzag));
+        // A hashed table's buckets follow no order.
+        let hashed = ChainedTable::build(&words, |_| true);
+        let hashed_firsts: Vec<u32> = words.iter().map(|&w| hashed.first(w)).collect();
+        assert!(!hashed.walks_in_row_order(&hashed_firsts));
         Ok(())
     }
 

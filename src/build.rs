@@ -641,7 +641,6 @@ impl<'a> BuildCollector<'a> {
         // known; otherwise for those seen so far times the input still to come, which
         // is unknown: assume the partition doubles.
         let bloom_bytes = match self.blooms {
-            _ if self.unhashed() => 0,
             Some(sizing) => sizing.bytes,
             None => Bloom::bytes_for(
                 usize::try_from(part.total_rows)
@@ -948,17 +947,6 @@ impl<'a> BuildCollector<'a> {
         }
     }
 
-    /// Whether this level's rows go unhashed: a spilled pair joined whole (below
-    /// level 0, one partition) on a word key, whose spill files and table keep no
-    /// hashes, so that nothing reads one: the table is looked up by key, or its rows
-    /// are hashed again when it is finished (`finish_partition`), and should the
-    /// partition spill after all it gets no bloom filter
-    /// ([`spill_partition`](Self::spill_partition)). (At level 0 one partition is the
-    /// whole build, whose filter is worth its hashes.)
-    fn unhashed(&self) -> bool {
-        self.level.depth > 0 && self.level.bits.fan_out() == 1 && !self.plan().spills_hashes()
-    }
-
     /// Hashes, partitions and buffers one batch of at most the batch size.
     fn collect_batch(
         &self,
@@ -987,7 +975,12 @@ impl<'a> BuildCollector<'a> {
             .fetch_max(work_bytes, Ordering::Relaxed);
         self.reserve(mine, input_bytes)?;
         let (columns, nulls) = plan.keys.evaluate_columns(batch, true)?;
-        let unhashed = self.unhashed();
+        // One partition, no bloom filters, and word keys (whose spill files and
+        // tables keep no hashes): nothing reads a hash, so none is computed (a
+        // spilled pair joined whole; the table is looked up by key, or its rows are
+        // hashed again when it is finished, `finish_partition`).
+        let unhashed =
+            self.level.bits.fan_out() == 1 && !plan.spills_hashes() && self.blooms.is_none();
         match stored_hashes {
             Some(stored) => {
                 hashes.clear();

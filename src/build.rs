@@ -975,20 +975,10 @@ impl<'a> BuildCollector<'a> {
             .fetch_max(work_bytes, Ordering::Relaxed);
         self.reserve(mine, input_bytes)?;
         let (columns, nulls) = plan.keys.evaluate_columns(batch, true)?;
-        // One partition, no bloom filters, and word keys (whose spill files and
-        // tables keep no hashes): nothing reads a hash, so none is computed (a
-        // spilled pair joined whole; the table is looked up by key, or its rows are
-        // hashed again when it is finished, `finish_partition`).
-        let unhashed =
-            self.level.bits.fan_out() == 1 && !plan.spills_hashes() && self.blooms.is_none();
         match stored_hashes {
             Some(stored) => {
                 hashes.clear();
                 hashes.extend_from_slice(stored);
-            }
-            None if unhashed => {
-                hashes.clear();
-                hashes.resize(n, 0);
             }
             None => hash_keys(&columns, n, hashes)?,
         }

@@ -77,7 +77,8 @@ use std::sync::Arc;
 /// of two threads' runs interleaved, and still reads them ahead.
 pub const IN_ORDER_MAX_BACK_STEPS: usize = 16;
 
-/// In a key-indexed table's bucket: the chain has more rows than its first.
+/// In the bucket of a table looked up by key (key-indexed or bucketed by value): the
+/// chain has more rows than its first.
 const MORE: u32 = 1 << 31;
 
 impl ChainedTable {
@@ -400,8 +401,9 @@ impl ChainedTable {
     }
 
     /// Asks the processor to start loading the chain link that a walk from `first`
-    /// (an entry of [`first_entries`](Self::first_entries) or
-    /// [`first_direct`](Self::first_direct)) will read, if it reads one (a hint: it
+    /// (an entry of [`first_entries`](Self::first_entries),
+    /// [`first_direct`](Self::first_direct), [`first_ranged`](Self::first_ranged) or
+    /// [`first_by_key`](Self::first_by_key)) will read, if it reads one (a hint: it
     /// never faults and changes nothing).
     #[inline(always)]
     pub fn prefetch_link(&self, first: u32) {
@@ -423,7 +425,8 @@ impl ChainedTable {
 
     /// Whether walks from `firsts` (first entries of lookups in a table looked up by
     /// key, in the order they are walked) visit the build rows in order, nearly: at
-    /// most one step in [`IN_ORDER_MAX_BACK_STEPS`] goes back (misses are not steps).
+    /// most one step in [`IN_ORDER_MAX_BACK_STEPS`] goes back (steps are from hit to
+    /// hit: misses count neither way).
     /// So they do where probe and build both come in key order (a fact table sorted
     /// by the key it joins on, `lineitem` by order key, and a dimension table by its
     /// own key): the processor then loads the rows ahead by itself, and prefetch
@@ -433,14 +436,15 @@ impl ChainedTable {
         if !self.by_key() {
             return false;
         }
-        let (mut last, mut back) = (0u32, 0usize);
+        let (mut last, mut back, mut hits) = (0u32, 0usize, 0usize);
         for &first in firsts {
             let entry = first & !MORE;
             let hit = entry != 0;
             back += usize::from(hit & (entry < last));
+            hits += usize::from(hit);
             last = if hit { entry } else { last };
         }
-        back * IN_ORDER_MAX_BACK_STEPS <= firsts.len()
+        back * IN_ORDER_MAX_BACK_STEPS <= hits
     }
 
     /// The row a chain's first entry names (0-based), if any.
@@ -720,9 +724,21 @@ mod tests {
         let firsts = |probes: &mut dyn Iterator<Item = u64>| -> Vec<u32> {
             probes.map(|w| table.first_ranged(w)).collect()
         };
-        // In key order, each key twice, with misses between: in order.
-        let in_order = firsts(&mut words.iter().flat_map(|&w| [w, w, w + 1]));
+        // In key order, each key twice, with a miss (a key past the range) after
+        // each: in order.
+        let in_order = firsts(&mut words.iter().flat_map(|&w| [w, w, u64::MAX]));
+        assert_eq!(in_order.iter().filter(|&&f| f == 0).count(), words.len());
         assert!(table.walks_in_row_order(&in_order));
+        // Misses are not steps: a back step every 8 hits is out of order however
+        // many misses lie between (here 64 after every 8 hits).
+        let sparse_back: Vec<u64> = words
+            .chunks(8)
+            .flat_map(|c| [c[1], c[0]].into_iter().chain(c[2..].iter().copied()))
+            .collect::<Vec<_>>()
+            .chunks(8)
+            .flat_map(|c| c.iter().copied().chain([u64::MAX; 64]))
+            .collect();
+        assert!(!table.walks_in_row_order(&firsts(&mut sparse_back.into_iter())));
         // Build rows written by two threads, groups of 64 keys each, one thread a
         // group ahead (groups 0, 2, 1, 4, 3, ...): probed in key order, a back step
         // every 128 rows.

@@ -1190,7 +1190,8 @@ impl<'a> BuildCollector<'a> {
     fn finish(&self, num_rows: u64, has_null_key: bool) -> Result<BuiltSide> {
         let plan = self.plan();
         let fan_out = self.level.bits.fan_out();
-        // Tests can force the spill path on any input (level 0 only).
+        // Tests can force the spill path on any input (level 0, and deeper levels
+        // down to a set depth: `ForceSpill`).
         let forced = (self.level.force_spill_fraction * fan_out as f64).ceil() as usize;
         for p in 0..forced.min(fan_out) {
             let mut guard = lock(&self.state);

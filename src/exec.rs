@@ -210,6 +210,8 @@ pub(crate) struct Ctx<'a> {
     /// Whether output batches must own all their buffers (a prepared build's are
     /// shared and outlive no output; see [`crate::PreparedBuild`]).
     pub owned_output: bool,
+    /// Forced spilling, by level (tests).
+    pub force: crate::join::ForceSpill,
 }
 
 impl Ctx<'_> {
@@ -643,6 +645,7 @@ fn join_pairs_side_by_side(
             cancel: ctx.cancel,
             metrics: ctx.metrics,
             owned_output: ctx.owned_output,
+            force: ctx.force,
         };
         loop {
             let i = next.fetch_add(1, Ordering::Relaxed);
@@ -682,6 +685,7 @@ fn join_either_way(
                 cancel: ctx.cancel,
                 metrics: ctx.metrics,
                 owned_output: ctx.owned_output,
+                force: ctx.force,
             };
             join_pair(
                 &swapped,
@@ -722,7 +726,7 @@ fn join_pair(
                 bits,
                 depth: level.depth + 1,
                 hashed_input: ctx.plan.spills_hashes(),
-                force_spill_fraction: 0.0,
+                force_spill_fraction: ctx.force.at(level.depth + 1),
                 key_bounds: false,
                 build_rows: Some(build_file.rows()),
             };
@@ -1174,12 +1178,7 @@ fn attach_back(
 }
 
 /// Runs a whole join: level 0 over the user's inputs.
-pub(crate) fn run<B, P>(
-    ctx: &Ctx<'_>,
-    build: Vec<B>,
-    probe: Vec<P>,
-    force_spill_fraction: f64,
-) -> Result<()>
+pub(crate) fn run<B, P>(ctx: &Ctx<'_>, build: Vec<B>, probe: Vec<P>) -> Result<()>
 where
     B: Iterator<Item = Result<RecordBatch, ArrowError>> + Send,
     P: Iterator<Item = Result<RecordBatch, ArrowError>> + Send,
@@ -1188,7 +1187,7 @@ where
         bits: ctx.plan.bits,
         depth: 0,
         hashed_input: false,
-        force_spill_fraction,
+        force_spill_fraction: ctx.force.at(0),
         key_bounds: false,
         build_rows: None,
     };

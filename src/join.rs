@@ -90,6 +90,7 @@ pub struct HashJoinBuilder {
     build_size_hint_bytes: Option<u64>,
     swap_spilled_pairs: bool,
     force_spill_fraction: Option<f64>,
+    force_spill_depth: Option<u32>,
     statistics: (InputStatistics, InputStatistics),
     swap_sides: bool,
     hot_key_split: HotKeySplit,
@@ -161,6 +162,7 @@ impl HashJoinBuilder {
             build_size_hint_bytes: None,
             swap_spilled_pairs: true,
             force_spill_fraction: None,
+            force_spill_depth: None,
             statistics: Default::default(),
             swap_sides: true,
             hot_key_split: HotKeySplit::Auto,
@@ -254,6 +256,18 @@ impl HashJoinBuilder {
     /// `SPILLJOIN_FORCE_SPILL` environment variable decides (`all` or a fraction).
     pub fn with_force_spill(mut self, fraction: f64) -> Self {
         self.force_spill_fraction = Some(fraction.clamp(0.0, 1.0));
+        self
+    }
+
+    /// Applies [`with_force_spill`](Self::with_force_spill)'s fraction also to the
+    /// levels that join spilled pairs, down to this depth (default 0: level 0 only;
+    /// at most [`MAX_DEPTH`](crate::MAX_DEPTH) counts). Forced at depth 1 and more,
+    /// every spilled pair is repartitioned instead of joined in memory, and a pair
+    /// whose next level has a single partition ends in the chunked fallback: the
+    /// recursion and fallback paths then run on small inputs too (tests). Without
+    /// it, the `SPILLJOIN_FORCE_SPILL_DEPTH` environment variable decides.
+    pub fn with_force_spill_depth(mut self, depth: u32) -> Self {
+        self.force_spill_depth = Some(depth);
         self
     }
 
@@ -413,6 +427,7 @@ impl HashJoinBuilder {
             threads: self.threads,
             bits,
             force_spill_fraction: self.force_spill_fraction,
+            force_spill_depth: self.force_spill_depth,
             hot_key_split: self.hot_key_split,
             mirror: None,
             build_rows_hint: None,
@@ -750,11 +765,9 @@ impl HashJoin {
         L: Iterator<Item = Result<RecordBatch, ArrowError>> + Send + 'static,
         R: Iterator<Item = Result<RecordBatch, ArrowError>> + Send + 'static,
     {
-        self.spawn(false, move |ctx, force_spill_fraction| {
-            match ctx.plan.build_side {
-                Side::Right => run(ctx, right, left, force_spill_fraction),
-                Side::Left => run(ctx, left, right, force_spill_fraction),
-            }
+        self.spawn(false, move |ctx| match ctx.plan.build_side {
+            Side::Right => run(ctx, right, left),
+            Side::Left => run(ctx, left, right),
         })
     }
 
@@ -762,17 +775,14 @@ impl HashJoin {
     /// output. `owned_output`: output batches must own their buffers.
     pub(crate) fn spawn<F>(&self, owned_output: bool, job: F) -> Result<JoinStream>
     where
-        F: FnOnce(&Ctx<'_>, f64) -> Result<()> + Send + 'static,
+        F: FnOnce(&Ctx<'_>) -> Result<()> + Send + 'static,
     {
         let plan = Arc::clone(&self.plan);
         let spill = match &plan.spill {
             Some(spill) => spill.clone(),
             None => SpillManager::new(SpillConfig::default())?,
         };
-        let force_spill_fraction = match plan.force_spill_fraction {
-            Some(f) => f,
-            None => force_spill_from_env(),
-        };
+        let force = ForceSpill::of(&plan);
         let (sender, receiver) = bounded(plan.threads * 2);
         let cancel = Arc::new(AtomicBool::new(false));
         let metrics = Arc::new(SharedMetrics::default());
@@ -788,14 +798,16 @@ impl HashJoin {
                         cancel: &cancel,
                         metrics: &metrics,
                         owned_output,
+                        force,
                     };
                     // A panic here (the coordinating thread runs the spilled pairs and
                     // the fallback) must end the stream with an error, never as if
                     // the join had finished.
-                    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                        job(&ctx, force_spill_fraction)
-                    }))
-                    .unwrap_or_else(|panic| Err(JoinError::WorkerPanicked(panic_message(&panic))));
+                    let result =
+                        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| job(&ctx)))
+                            .unwrap_or_else(|panic| {
+                                Err(JoinError::WorkerPanicked(panic_message(&panic)))
+                            });
                     metrics.set_phase(JoinPhase::Done);
                     // After a cancel from a `CancelHandle` the stream ends with the
                     // error; after a drop nobody receives it.
@@ -824,11 +836,42 @@ impl HashJoin {
 /// level-0 partitions from 0 to 1 (see [`HashJoinBuilder::with_force_spill`]).
 pub const FORCE_SPILL_ENV: &str = "SPILLJOIN_FORCE_SPILL";
 
-pub(crate) fn force_spill_from_env() -> f64 {
-    match std::env::var(FORCE_SPILL_ENV) {
-        Ok(v) if v.eq_ignore_ascii_case("all") => 1.0,
-        Ok(v) => v.parse::<f64>().map_or(0.0, |f| f.clamp(0.0, 1.0)),
-        Err(_) => 0.0,
+/// The environment variable that applies [`FORCE_SPILL_ENV`] down to a depth of the
+/// spilled pairs' levels (see [`HashJoinBuilder::with_force_spill_depth`]).
+pub const FORCE_SPILL_DEPTH_ENV: &str = "SPILLJOIN_FORCE_SPILL_DEPTH";
+
+/// Forced spilling (tests): which fraction of each level's partitions spill whatever
+/// the memory, at the levels from 0 to `depth`.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct ForceSpill {
+    fraction: f64,
+    depth: u32,
+}
+
+impl ForceSpill {
+    /// The plan's setting, or the environment's where the plan sets none.
+    pub fn of(plan: &JoinPlan) -> Self {
+        let env = |name: &str| std::env::var(name).ok();
+        let fraction = plan
+            .force_spill_fraction
+            .unwrap_or_else(|| match env(FORCE_SPILL_ENV) {
+                Some(v) if v.eq_ignore_ascii_case("all") => 1.0,
+                Some(v) => v.parse::<f64>().map_or(0.0, |f| f.clamp(0.0, 1.0)),
+                None => 0.0,
+            });
+        let depth = plan.force_spill_depth.unwrap_or_else(|| {
+            env(FORCE_SPILL_DEPTH_ENV).map_or(0, |v| v.parse::<u32>().unwrap_or(0))
+        });
+        ForceSpill { fraction, depth }
+    }
+
+    /// The fraction of partitions forced to spill at a level of this depth.
+    pub fn at(&self, depth: u32) -> f64 {
+        if depth <= self.depth {
+            self.fraction
+        } else {
+            0.0
+        }
     }
 }
 

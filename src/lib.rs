@@ -57,7 +57,7 @@ pub use filter::{FilterPredicate, JoinFilter};
 pub use join::{
     partition_bits_for, CancelHandle, HashJoin, HashJoinBuilder, HotKeySplit, InputStatistics,
     JoinMetrics, JoinStream, MetricsHandle, DEFAULT_BATCH_SIZE_ROWS, DEFAULT_PARTITION_BITS,
-    FORCE_SPILL_ENV, MAX_BATCH_SIZE_ROWS,
+    FORCE_SPILL_DEPTH_ENV, FORCE_SPILL_ENV, MAX_BATCH_SIZE_ROWS,
 };
 pub use join_type::{BuildJoinType, JoinType};
 pub use keys::NullEquality;

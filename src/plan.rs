@@ -40,6 +40,9 @@ pub(crate) struct JoinPlan {
     pub threads: usize,
     pub bits: HashBits,
     pub force_spill_fraction: Option<f64>,
+    /// The deepest level that [`force_spill_fraction`](Self::force_spill_fraction)
+    /// applies to (`None`: the environment decides; see [`crate::join::ForceSpill`]).
+    pub force_spill_depth: Option<u32>,
     pub hot_key_split: crate::join::HotKeySplit,
     /// The same join with the other input building, for spilled pairs whose probe
     /// side turns out smaller; `None` where roles cannot swap (`NOT IN`).

@@ -37,7 +37,7 @@ use crate::build::{build_side, BuiltSide, Partition};
 use crate::error::{JoinError, Result, Side};
 use crate::exec::{run_prepared, Ctx, Level, SharedMetrics};
 use crate::hash::hash_keys;
-use crate::join::{force_spill_from_env, snapshot, HashJoin, JoinMetrics, JoinStream};
+use crate::join::{snapshot, ForceSpill, HashJoin, JoinMetrics, JoinStream};
 use crate::keys::{normalize, null_rows, NullEquality};
 use spilljoin_memory::{MemoryConsumer, MemoryReservation};
 
@@ -124,14 +124,13 @@ impl HashJoin {
             cancel: &cancel,
             metrics: &metrics,
             owned_output: true,
+            force: ForceSpill::of(plan),
         };
         let level = Level {
             bits: plan.bits,
             depth: 0,
             hashed_input: false,
-            force_spill_fraction: plan
-                .force_spill_fraction
-                .unwrap_or_else(force_spill_from_env),
+            force_spill_fraction: ctx.force.at(0),
             key_bounds: true,
             build_rows: None,
         };
@@ -229,7 +228,7 @@ impl HashJoin {
         P: Iterator<Item = Result<RecordBatch, ArrowError>> + Send + 'static,
     {
         self.check_prepared(&prepared)?;
-        self.spawn(true, move |ctx, _| run_prepared(ctx, prepared, probe))
+        self.spawn(true, move |ctx| run_prepared(ctx, prepared, probe))
     }
 }
 
@@ -254,12 +253,12 @@ impl HashJoin {
         R: Iterator<Item = Result<RecordBatch, ArrowError>> + Send + 'static,
         F: FnOnce(&PreparedBuild) + Send + 'static,
     {
-        self.spawn(false, move |ctx, force_spill_fraction| {
+        self.spawn(false, move |ctx| {
             let level = Level {
                 bits: ctx.plan.bits,
                 depth: 0,
                 hashed_input: false,
-                force_spill_fraction,
+                force_spill_fraction: ctx.force.at(0),
                 key_bounds: true,
                 build_rows: None,
             };

@@ -234,8 +234,8 @@ impl ChainedTable {
     }
 
     /// In a table bucketed by key value, the first entry of the chain holding `word`'s
-    /// rows, if any, among others (0 when none), with [`MORE`] set when the chain has
-    /// more than one row.
+    /// rows, if any, among others (0 when none), with the top bit (`MORE`) set when
+    /// the chain has more than one row.
     #[inline(always)]
     pub fn first_ranged(&self, word: u64) -> u32 {
         let (min, shift) = self.ranged.unwrap_or((0, 0));

@@ -34,6 +34,8 @@ struct Case {
     /// Fraction of partitions spilled whatever the memory (0: only what
     /// `SPILLJOIN_FORCE_SPILL` says), so half the cases run through the spill path.
     force_spill: f64,
+    /// The deepest level the forced fraction applies to (0: level 0 only).
+    force_spill_depth: u32,
     /// Statistics that make the left input build (a swapped plan).
     swap: bool,
 }
@@ -76,6 +78,9 @@ fn random_case(case: u64) -> (u64, Case) {
             partition_bits: [0, 1, 2, 4, 8][rng.random_range(0..5)],
             input_rows: rng.random_range(1..=30),
             force_spill: [0.0, 0.0, 0.5, 1.0][rng.random_range(0..4)],
+            // Not drawn from `rng`, so that every other choice stays what it was
+            // for the case number.
+            force_spill_depth: [0, 0, 1, spilljoin::MAX_DEPTH][(case / 11 % 4) as usize],
             swap: rng.random_bool(0.5),
         },
     )
@@ -85,7 +90,7 @@ fn run_case(case: u64) {
     let (seed, c) = random_case(case);
     let context = || {
         format!(
-            "case {case} (seed {seed}): {} keys {:?} filter={} {:?} batch={} threads={} bits={} force_spill={} swap={} left={} right={}\n\
+            "case {case} (seed {seed}): {} keys {:?} filter={} {:?} batch={} threads={} bits={} force_spill={} force_spill_depth={} swap={} left={} right={}\n\
              replay: SPILLJOIN_CASE={case} cargo test --test join_reference random_joins_match_the_reference",
             c.join_type,
             c.left.schema().fields().iter().take(c.keys.len()).map(|f| f.data_type().to_string()).collect::<Vec<_>>(),
@@ -95,6 +100,7 @@ fn run_case(case: u64) {
             c.threads,
             c.partition_bits,
             c.force_spill,
+            c.force_spill_depth,
             c.swap,
             c.left.num_rows(),
             c.right.num_rows(),
@@ -126,7 +132,9 @@ fn run_case(case: u64) {
         builder = builder.with_filter(less_than_filter(&ls, &rs));
     }
     if c.force_spill > 0.0 {
-        builder = builder.with_force_spill(c.force_spill);
+        builder = builder
+            .with_force_spill(c.force_spill)
+            .with_force_spill_depth(c.force_spill_depth);
     }
     if c.swap {
         builder = builder.with_statistics(
@@ -239,6 +247,79 @@ fn every_join_type_with_every_key_type() {
                 expected,
                 "{join_type} on {data_type}"
             );
+        }
+    }
+}
+
+/// Spilling forced below level 0 runs the spilled pairs' own levels through their
+/// spill files: every pair repartitions, and a pair whose next level has a single
+/// partition spills it too and is joined by the chunked fallback. Every join type,
+/// with nulls and duplicates, gives the reference's answer, and the metrics show
+/// that the pairs spilled again (forced at level 0 only, they do not).
+#[test]
+fn spilling_forced_below_level_zero_recurses_and_falls_back_with_the_same_answer() {
+    let types = [DataType::Int64, DataType::Utf8];
+    for (j, join_type) in JoinType::ALL.into_iter().enumerate() {
+        let (_, mut rng) = rng_for(j as u64 + 2_000_000);
+        // (A null in a `NOT IN` subquery would leave no pair to join.)
+        let nulls = if join_type.is_null_aware() { 0.0 } else { 0.1 };
+        let left = side(&mut rng, "l", &types, 700, 150, nulls);
+        let right = side(&mut rng, "r", &types, 600, 150, nulls);
+        let keys: &[(usize, usize)] = if join_type.is_null_aware() {
+            &[(0, 0)]
+        } else {
+            &[(0, 0), (1, 1)]
+        };
+        let on: Vec<_> = [("lk0", "rk0"), ("lk1", "rk1")][..keys.len()].to_vec();
+        let expected = reference_join(
+            &left,
+            &right,
+            keys,
+            join_type,
+            false,
+            NullEquality::NullEqualsNothing,
+        );
+        for depth in [0, 1, spilljoin::MAX_DEPTH] {
+            let pool: Arc<dyn MemoryPool> = Arc::new(GreedyMemoryPool::new(1 << 30));
+            let join = HashJoinBuilder::new(left.schema(), right.schema(), on.clone())
+                .with_join_type(join_type)
+                .with_batch_size(64)
+                .with_threads(2)
+                .with_partition_bits(2)
+                .with_memory_pool(Arc::clone(&pool))
+                .with_force_spill(1.0)
+                .with_force_spill_depth(depth)
+                .build()
+                .unwrap();
+            let (mut lrng, mut rrng) = (rng_for(j as u64 ^ 1).1, rng_for(j as u64 ^ 2).1);
+            let batches = |rng: &mut rand::rngs::StdRng, b: &RecordBatch| -> Vec<_> {
+                split(rng, b, 50).into_iter().map(Ok).collect()
+            };
+            let mut stream = join
+                .execute(batches(&mut lrng, &left), batches(&mut rrng, &right))
+                .unwrap();
+            let output: Vec<RecordBatch> = stream
+                .by_ref()
+                .collect::<Result<_, _>>()
+                .unwrap_or_else(|e| panic!("{join_type} forced to depth {depth}: {e}"));
+            let m = stream.metrics();
+            assert_eq!(
+                rendered_rows(&output),
+                expected,
+                "{join_type} forced to depth {depth}: {m:?}"
+            );
+            // Forced at level 0, the pairs are joined at depth 1 and fit; forced
+            // deeper, they spill again: a level below or the fallback.
+            if depth == 0 {
+                assert_eq!((m.max_depth, m.fallbacks), (1, 0), "{join_type}: {m:?}");
+            } else {
+                assert!(
+                    m.max_depth >= 2 || m.fallbacks >= 1,
+                    "{join_type} forced to depth {depth}: {m:?}"
+                );
+            }
+            drop(stream);
+            assert_eq!(pool.reserved(), 0, "{join_type} forced to depth {depth}");
         }
     }
 }

@@ -81,14 +81,17 @@ fn run(
     } else {
         vec![("lk", "rk")]
     };
-    let mut stream = HashJoinBuilder::new(schema(&probe_input())?, schema(&build_input())?, on)
+    let mut builder = HashJoinBuilder::new(schema(&probe_input())?, schema(&build_input())?, on)
         .with_join_type(join_type)
         .with_memory_pool(pool)
         .with_spill_manager(spill)
         .with_partition_bits(1)
-        .with_threads(2)
-        .build()?
-        .execute(probe_input(), build_input())?;
+        .with_threads(2);
+    if !limited {
+        // The in-memory run, whatever `SPILLJOIN_FORCE_SPILL` says.
+        builder = builder.with_force_spill(0.0);
+    }
+    let mut stream = builder.build()?.execute(probe_input(), build_input())?;
     let mut rows = Vec::new();
     for batch in stream.by_ref() {
         let batch = batch?;

@@ -172,6 +172,9 @@ fn spilled_pairs_are_sized_by_their_rows_in_memory_not_their_files() {
         .with_memory_pool(pool)
         .with_partition_bits(2)
         .with_threads(2)
+        // (Spilling forced below level 0, `SPILLJOIN_FORCE_SPILL_DEPTH`, would send
+        // every pair to the fallback whatever its size.)
+        .with_force_spill_depth(0)
         .build()
         .and_then(|join| join.execute(probe, build))
         .unwrap_or_else(|e| panic!("{e}"));

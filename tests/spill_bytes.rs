@@ -44,7 +44,10 @@ fn drain(
     configure: impl FnOnce(HashJoinBuilder) -> HashJoinBuilder,
 ) -> (usize, JoinMetrics) {
     let schema = |b: &[Result<RecordBatch, ArrowError>]| b[0].as_ref().unwrap().schema();
-    let builder = HashJoinBuilder::new(schema(&probe), schema(&build), [on]);
+    // (These figures count one write a row: pin forced spilling to level 0, whatever
+    // `SPILLJOIN_FORCE_SPILL_DEPTH` says.)
+    let builder =
+        HashJoinBuilder::new(schema(&probe), schema(&build), [on]).with_force_spill_depth(0);
     let mut stream = configure(builder)
         .build()
         .unwrap()
@@ -65,6 +68,7 @@ fn spilled_join(on: &[(&str, &str)]) -> JoinMetrics {
         .with_memory_pool(Arc::new(UnboundedMemoryPool::new()))
         .with_spill_manager(spill)
         .with_force_spill(1.0)
+        .with_force_spill_depth(0)
         .with_threads(1)
         .build()
         .unwrap()

@@ -184,9 +184,18 @@ fn run_case(case: u64, tally: &mut Tally) {
     let force = [0.0, 0.0, 0.5, 1.0][rng.random_range(0..4)];
     let hot_split =
         [HotKeySplit::Auto, HotKeySplit::Always, HotKeySplit::Never][rng.random_range(0..3)];
+    // Forced spilling also below level 0, for a quarter of the forced cases: every
+    // spilled pair then repartitions, and one whose next level has one partition
+    // spills that too and ends in the chunked fallback. (Not drawn from `rng`, as
+    // `fixed_width`.)
+    let force_depth = if force > 0.0 {
+        [0, 0, 1, spilljoin::MAX_DEPTH][(case / 15 % 4) as usize]
+    } else {
+        0
+    };
     let context = format!(
         "case {case} (seed {seed}): {join_type} {lshape:?}x{rshape:?} left={ln} right={rn} domain={domain} wide={wide} fixed_width={fixed_width} \
-         {null_equality:?} filter={filter} statistics={statistics} limit={limit} batch={batch_size} input_rows={input_rows} threads={threads} bits={bits} force={force} hot_split={hot_split:?}\n\
+         {null_equality:?} filter={filter} statistics={statistics} limit={limit} batch={batch_size} input_rows={input_rows} threads={threads} bits={bits} force={force} force_depth={force_depth} hot_split={hot_split:?}\n\
          replay: SPILLJOIN_HARNESS_CASE={case} cargo test --release --test spill_harness"
     );
     let expected = reference_join(&left, &right, &[(0, 0)], join_type, filter, null_equality);
@@ -203,6 +212,7 @@ fn run_case(case: u64, tally: &mut Tally) {
         .with_threads(threads)
         .with_partition_bits(bits)
         .with_force_spill(force)
+        .with_force_spill_depth(force_depth)
         .with_hot_key_split(hot_split);
     if filter {
         builder = builder.with_filter(less_than_filter(&left.schema(), &right.schema()));

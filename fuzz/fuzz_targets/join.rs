@@ -69,6 +69,7 @@ fuzz_target!(|data: &[u8]| {
     };
     let threads = 1 + (flags >> 2) as usize % 3;
     let force = [0.0, 0.0, 0.5, 1.0][(flags >> 4) as usize % 4];
+    let force_depth = [0, 0, 1, spilljoin::MAX_DEPTH][(flags >> 6) as usize];
     let limit = LIMITS[bytes.next() as usize % LIMITS.len()];
     // At least 8 rows a batch, and sides of at most 255 rows: a hot key at batch size
     // 1 made units of 300k one-row batches, too slow to fuzz (a size, not a bug).
@@ -88,7 +89,8 @@ fuzz_target!(|data: &[u8]| {
         .with_batch_size(batch_size)
         .with_threads(threads)
         .with_partition_bits(bits)
-        .with_force_spill(force);
+        .with_force_spill(force)
+        .with_force_spill_depth(force_depth);
     if filter {
         builder = builder.with_filter(common::less_than_filter(&left.schema(), &right.schema()));
     }

@@ -208,6 +208,18 @@ impl BuildJoinType {
         )
     }
 
+    /// Whether the output depends on the probe side only through the set of its keys
+    /// (and, for `NOT IN`, whether it had any row and any null key): probe rows are
+    /// neither output nor remembered, they only mark the build rows they match. Of
+    /// probe rows with equal keys one then does what all of them would (without a
+    /// residual filter, which reads the rest of the row).
+    pub fn probe_keys_suffice(self) -> bool {
+        matches!(
+            self,
+            Self::BuildSemi | Self::BuildAnti | Self::BuildMark | Self::BuildNotIn
+        )
+    }
+
     /// Whether matched (build, probe) pairs are output.
     pub fn emits_pairs(self) -> bool {
         matches!(

@@ -19,7 +19,7 @@ use std::sync::Arc;
 use arrow_array::cast::AsArray;
 use arrow_array::types::*;
 use arrow_array::{Array, ArrayRef, ArrowPrimitiveType, PrimitiveArray, RecordBatch};
-use arrow_buffer::{NullBuffer, ScalarBuffer, ToByteSlice};
+use arrow_buffer::{BooleanBuffer, NullBuffer, ScalarBuffer, ToByteSlice};
 use arrow_row::{RowConverter, Rows, SortField};
 use arrow_schema::{DataType, Schema};
 
@@ -223,6 +223,44 @@ impl Keys {
     #[inline]
     pub fn is_null(&self, i: usize) -> bool {
         self.nulls.as_ref().is_some_and(|n| n.is_null(i))
+    }
+
+    /// The rows that neither `excluded` leaves out (its null rows) nor repeat the key
+    /// of the row just before them, as a validity mask; `None` when no row repeats
+    /// the one before it (rows of equal keys often come together: the line items of
+    /// an order). Null keys count as equal to each other, as under
+    /// `NullEqualsNull`; where they never match, `excluded` leaves them out anyway.
+    pub fn first_of_runs(&self, excluded: Option<&NullBuffer>) -> Option<NullBuffer> {
+        let kept = |r: usize| excluded.is_none_or(|e| e.is_valid(r));
+        let mask = match &self.repr {
+            KeyRepr::Words { words, valid, .. } => {
+                // Most batches of keys that never repeat end this scan: it reads the
+                // words once, with no branch but the one that stops it.
+                if !words.windows(2).any(|w| w[0] == w[1]) && valid.is_none() {
+                    return None;
+                }
+                let is_valid = |r: usize| valid.as_ref().is_none_or(|v| v.is_valid(r));
+                BooleanBuffer::collect_bool(words.len(), |r| {
+                    let repeats = r > 0
+                        && match (is_valid(r), is_valid(r - 1)) {
+                            (true, true) => words[r] == words[r - 1],
+                            (false, false) => true,
+                            _ => false,
+                        };
+                    !repeats && kept(r)
+                })
+            }
+            KeyRepr::Rows(rows) => {
+                let n = rows.num_rows();
+                if !(1..n).any(|r| rows.row(r) == rows.row(r - 1)) {
+                    return None;
+                }
+                BooleanBuffer::collect_bool(n, |r| {
+                    !(r > 0 && rows.row(r) == rows.row(r - 1)) && kept(r)
+                })
+            }
+        };
+        Some(NullBuffer::new(mask))
     }
 }
 
@@ -464,5 +502,61 @@ impl KeyEq for RowsEq<'_> {
     #[inline(always)]
     fn key_eq(&self, p: usize, b: usize) -> bool {
         self.probe.row(p) == self.build.row(b)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use arrow_array::{Int64Array, StringArray};
+    use arrow_schema::Field;
+
+    /// The first-of-runs mask of `column` as a key (joined with itself), as bools.
+    fn runs(column: ArrayRef, excluded: Option<&NullBuffer>) -> Option<Vec<bool>> {
+        let schema = Schema::new(vec![Field::new("k", column.data_type().clone(), true)]);
+        let on = [("k".to_string(), "k".to_string())];
+        let spec = KeySpec::resolve(
+            Side::Right,
+            &schema,
+            &schema,
+            &on,
+            NullEquality::NullEqualsNull,
+        )
+        .unwrap();
+        let batch = RecordBatch::try_new(Arc::new(schema), vec![column]).unwrap();
+        let keys = spec.evaluate(&batch, false).unwrap();
+        keys.first_of_runs(excluded)
+            .map(|m| (0..batch.num_rows()).map(|r| m.is_valid(r)).collect())
+    }
+
+    #[test]
+    fn first_of_runs_keeps_the_first_row_of_each_run_of_equal_keys() {
+        let words = Arc::new(Int64Array::from(vec![1, 1, 2, 1, 3, 3, 3])) as ArrayRef;
+        let expected = [true, false, true, true, true, false, false];
+        assert_eq!(runs(Arc::clone(&words), None).unwrap(), expected);
+        // Rows left out stay out.
+        let excluded = NullBuffer::from(vec![true, true, false, true, true, true, true]);
+        let expected = [true, false, false, true, true, false, false];
+        assert_eq!(runs(words, Some(&excluded)).unwrap(), expected);
+        // Encoded rows (not words), the same.
+        let strings = Arc::new(StringArray::from(vec!["a", "a", "b", "a"])) as ArrayRef;
+        assert_eq!(runs(strings, None).unwrap(), [true, false, true, true]);
+    }
+
+    #[test]
+    fn first_of_runs_counts_nulls_equal_and_apart_from_values() {
+        let words =
+            Arc::new(Int64Array::from(vec![None, None, Some(0), Some(0), None])) as ArrayRef;
+        assert_eq!(runs(words, None).unwrap(), [true, false, true, false, true]);
+        let strings = Arc::new(StringArray::from(vec![None, None, Some(""), None])) as ArrayRef;
+        assert_eq!(runs(strings, None).unwrap(), [true, false, true, true]);
+    }
+
+    #[test]
+    fn first_of_runs_is_none_where_no_key_repeats() {
+        let words = Arc::new(Int64Array::from(vec![1, 2, 1, 2])) as ArrayRef;
+        assert_eq!(runs(words, None), None);
+        let strings = Arc::new(StringArray::from(vec!["a", "b", "a"])) as ArrayRef;
+        assert_eq!(runs(strings, None), None);
     }
 }

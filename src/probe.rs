@@ -453,6 +453,13 @@ pub(crate) struct Prober<'a> {
     state: &'a ProbeState,
     /// Whether probe rows (unmatched, semi, anti, mark, not-in) are output per batch.
     output_probe_rows: bool,
+    /// Whether a probe row that repeats the key of the row before it is dropped:
+    /// where only the probe's key set counts and some partition spilled, so that a
+    /// run of equal keys (the line items of an order) is written once. (Not where
+    /// every partition is in memory: the repeated lookups find their buckets in
+    /// cache, and finding the runs cost more than it saved — SF1 `semi`, unlimited,
+    /// probe 0.075 → 0.083 s.)
+    spills_key_runs_once: bool,
     /// Per probe row of the current batch: sent to a spill file, decided later?
     deferred: Vec<bool>,
     hashes: Vec<u64>,
@@ -533,6 +540,12 @@ impl<'a> Prober<'a> {
             built,
             state,
             output_probe_rows: true,
+            spills_key_runs_once: ctx.plan.filter.is_none()
+                && ctx.plan.resolved.probe_keys_suffice()
+                && built
+                    .partitions
+                    .iter()
+                    .any(|p| matches!(p, Partition::Spilled(_))),
             deferred: Vec::new(),
             firsts: Vec::new(),
             hashes: Vec::new(),
@@ -609,11 +622,13 @@ impl<'a> Prober<'a> {
                 None => hash_keys(&keys.columns, n, &mut self.hashes)?,
             }
             let never_matches = plan.nulls_never_match();
-            self.grouped.group(
-                self.bits,
-                &self.hashes,
-                keys.nulls.as_ref().filter(|_| never_matches),
-            );
+            let excluded = keys.nulls.as_ref().filter(|_| never_matches);
+            let first_of_runs = self
+                .spills_key_runs_once
+                .then(|| keys.first_of_runs(excluded))
+                .flatten();
+            self.grouped
+                .group(self.bits, &self.hashes, first_of_runs.as_ref().or(excluded));
             self.batch_data.clear();
             for p in 0..self.bits.fan_out() {
                 if self.grouped.partition(p).is_empty() {

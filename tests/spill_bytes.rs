@@ -259,3 +259,75 @@ fn known_build_rows_size_every_spilled_partitions_filter() {
     assert_eq!(thin.build_rows, BUILD as u64, "{thin:?}");
     assert_eq!(thin.probe_rows_skipped, 0, "{thin:?}");
 }
+
+/// Where only the probe side's key set counts (build-side semi, anti, mark and `NOT
+/// IN`, with no residual filter), probe rows that repeat the key of the row before
+/// them — the line items of one order, say — are not spilled: each run of equal keys
+/// is written once. Joins that output or filter probe rows write every row.
+#[test]
+fn build_side_existence_joins_spill_a_run_of_equal_probe_keys_once() {
+    use spilljoin::{JoinFilter, Side};
+    const PROBE: i64 = 40_000;
+    // Probe keys 0, 0, 0, 0, 1, 1, 1, 1, ...: 10 000 keys, each in a run of four.
+    let probe = || -> Vec<Result<RecordBatch, ArrowError>> {
+        (0..PROBE / 1000)
+            .map(|i| {
+                let range = i * 1000..(i + 1) * 1000;
+                let k: Int64Array = range.clone().map(|v| v / 4).collect();
+                let v: Int64Array = range.collect();
+                Ok(RecordBatch::try_from_iter(vec![
+                    ("la", Arc::new(k) as ArrayRef),
+                    ("lb", Arc::new(v) as ArrayRef),
+                ])
+                .unwrap())
+            })
+            .collect()
+    };
+    let run = |join_type: JoinType, filter: bool| {
+        let root = tempfile::tempdir().unwrap();
+        let spill = SpillManager::new(SpillConfig::default().with_root_dir(root.path())).unwrap();
+        drain(probe(), input("r"), ("la", "ra"), |b| {
+            let b = b
+                .with_join_type(join_type)
+                .with_memory_pool(Arc::new(UnboundedMemoryPool::new()))
+                .with_spill_manager(spill)
+                .with_force_spill(1.0)
+                .with_partition_bits(2)
+                .with_threads(2);
+            if filter {
+                // `lb >= 0`: passes every pair, but reads the probe row.
+                b.with_filter(JoinFilter::new(vec![(Side::Left, 1)], |b: &RecordBatch| {
+                    arrow_ord::cmp::gt_eq(b.column(0), &Int64Array::new_scalar(0))
+                }))
+            } else {
+                b
+            }
+        })
+    };
+    let keys = PROBE as u64 / 4;
+    for (join_type, rows) in [
+        (JoinType::RightSemi, keys),
+        (JoinType::RightAnti, ROWS as u64 - keys),
+        (JoinType::LeftMark, PROBE as u64),
+    ] {
+        let (out, m) = run(join_type, false);
+        assert_eq!(out as u64, rows, "{join_type}: {m:?}");
+        let spilled = if join_type == JoinType::LeftMark {
+            // (Its probe rows are output: every one is spilled.)
+            PROBE as u64
+        } else {
+            keys
+        };
+        assert_eq!(m.probe_rows_spilled, spilled, "{join_type}: {m:?}");
+        let (out, m) = run(join_type, true);
+        assert_eq!(out as u64, rows, "{join_type} with a filter: {m:?}");
+        assert_eq!(m.probe_rows_spilled, PROBE as u64, "{join_type}: {m:?}");
+    }
+    // Pairs need every probe row.
+    let (out, m) = run(JoinType::Inner, false);
+    assert_eq!(
+        (out, m.probe_rows_spilled),
+        (PROBE as usize, PROBE as u64),
+        "{m:?}"
+    );
+}

@@ -260,12 +260,13 @@ impl HashJoinBuilder {
     }
 
     /// Applies [`with_force_spill`](Self::with_force_spill)'s fraction also to the
-    /// levels that join spilled pairs, down to this depth (default 0: level 0 only;
-    /// at most [`MAX_DEPTH`](crate::MAX_DEPTH) counts). Forced at depth 1 and more,
-    /// every spilled pair is repartitioned instead of joined in memory, and a pair
-    /// whose next level has a single partition ends in the chunked fallback: the
-    /// recursion and fallback paths then run on small inputs too (tests). Without
-    /// it, the `SPILLJOIN_FORCE_SPILL_DEPTH` environment variable decides.
+    /// levels that join spilled pairs, down to this depth (0: level 0 only; at most
+    /// [`MAX_DEPTH`](crate::MAX_DEPTH) counts). Forced with the fraction 1 at depth 1
+    /// and more, every spilled pair is repartitioned instead of joined in memory,
+    /// and a pair whose next level has a single partition ends in the chunked
+    /// fallback: the recursion and fallback paths then run on small inputs too
+    /// (tests). Without it, the `SPILLJOIN_FORCE_SPILL_DEPTH` environment variable
+    /// decides, and 0 without that.
     pub fn with_force_spill_depth(mut self, depth: u32) -> Self {
         self.force_spill_depth = Some(depth);
         self
@@ -647,7 +648,10 @@ pub struct JoinMetrics {
     pub build_rows_spilled: u64,
     /// Bytes of build spill files written (at every level).
     pub build_bytes_spilled: u64,
-    /// Probe rows written to spill files (at every level).
+    /// Probe rows written to spill files (at every level). Where only the probe's key
+    /// set counts (the build side's semi, anti and mark joins and `NOT IN`, without a
+    /// filter), a row repeating the key of the row before it is not written, and
+    /// counted neither here nor in [`probe_rows_skipped`](Self::probe_rows_skipped).
     pub probe_rows_spilled: u64,
     /// Bytes of probe spill files written (at every level).
     pub probe_bytes_spilled: u64,
@@ -833,7 +837,8 @@ impl HashJoin {
 }
 
 /// The environment variable that forces the spill path: `all`, or a fraction of the
-/// level-0 partitions from 0 to 1 (see [`HashJoinBuilder::with_force_spill`]).
+/// partitions from 0 to 1, spilled at level 0 and at the levels
+/// [`FORCE_SPILL_DEPTH_ENV`] adds (see [`HashJoinBuilder::with_force_spill`]).
 pub const FORCE_SPILL_ENV: &str = "SPILLJOIN_FORCE_SPILL";
 
 /// The environment variable that applies [`FORCE_SPILL_ENV`] down to a depth of the

@@ -227,8 +227,9 @@ impl Keys {
 
     /// The rows that neither `excluded` leaves out (its null rows) nor repeat the key
     /// of the row just before them, as a validity mask; `None` when no row repeats
-    /// the one before it (rows of equal keys often come together: the line items of
-    /// an order). Null keys count as equal to each other, as under
+    /// the one before it, found by one scan where no key is null (rows of equal keys
+    /// often come together: the line items of an order). With null keys the mask is
+    /// made whether or not a row repeats (nulls may repeat under different words). Null keys count as equal to each other, as under
     /// `NullEqualsNull`; where they never match, `excluded` leaves them out anyway.
     pub fn first_of_runs(&self, excluded: Option<&NullBuffer>) -> Option<NullBuffer> {
         let kept = |r: usize| excluded.is_none_or(|e| e.is_valid(r));

@@ -308,6 +308,7 @@ fn build_side_existence_joins_spill_a_run_of_equal_probe_keys_once() {
     for (join_type, rows) in [
         (JoinType::RightSemi, keys),
         (JoinType::RightAnti, ROWS as u64 - keys),
+        (JoinType::RightNotIn, ROWS as u64 - keys),
         (JoinType::LeftMark, PROBE as u64),
     ] {
         let (out, m) = run(join_type, false);
@@ -319,6 +320,9 @@ fn build_side_existence_joins_spill_a_run_of_equal_probe_keys_once() {
             keys
         };
         assert_eq!(m.probe_rows_spilled, spilled, "{join_type}: {m:?}");
+        if join_type.is_null_aware() {
+            continue; // (`NOT IN` takes no residual filter.)
+        }
         let (out, m) = run(join_type, true);
         assert_eq!(out as u64, rows, "{join_type} with a filter: {m:?}");
         assert_eq!(m.probe_rows_spilled, PROBE as u64, "{join_type}: {m:?}");

@@ -226,17 +226,18 @@ impl Keys {
     }
 
     /// The rows that neither `excluded` leaves out (its null rows) nor repeat the key
-    /// of the row just before them, as a validity mask; `None` when no row repeats
-    /// the one before it, found by one scan where no key is null (rows of equal keys
-    /// often come together: the line items of an order). With null keys the mask is
-    /// made whether or not a row repeats (nulls may repeat under different words). Null keys count as equal to each other, as under
-    /// `NullEqualsNull`; where they never match, `excluded` leaves them out anyway.
+    /// of the row just before them, as a validity mask (rows of equal keys often
+    /// come together: the line items of an order). `None` when no row repeats the
+    /// one before it, found by one scan where no key is null; with null keys the
+    /// mask is made whether or not a row repeats (nulls may repeat under different
+    /// words). Null keys count as equal to each other, as under `NullEqualsNull`;
+    /// where they never match, `excluded` leaves them out anyway.
     pub fn first_of_runs(&self, excluded: Option<&NullBuffer>) -> Option<NullBuffer> {
         let kept = |r: usize| excluded.is_none_or(|e| e.is_valid(r));
         let mask = match &self.repr {
             KeyRepr::Words { words, valid, .. } => {
-                // Most batches of keys that never repeat end this scan: it reads the
-                // words once, with no branch but the one that stops it.
+                // A batch whose keys never repeat costs this one pass over its
+                // words, and no mask.
                 if !words.windows(2).any(|w| w[0] == w[1]) && valid.is_none() {
                     return None;
                 }

@@ -513,8 +513,14 @@ mod tests {
     use arrow_array::{Int64Array, StringArray};
     use arrow_schema::Field;
 
-    /// The first-of-runs mask of `column` as a key (joined with itself), as bools.
-    fn runs(column: ArrayRef, excluded: Option<&NullBuffer>) -> Option<Vec<bool>> {
+    type TestResult = std::result::Result<(), Box<dyn std::error::Error>>;
+
+    /// The first-of-runs mask of `column` as a key (joined with itself), as bools;
+    /// `None` where `first_of_runs` found no repeat.
+    fn runs(
+        column: ArrayRef,
+        excluded: Option<&NullBuffer>,
+    ) -> std::result::Result<Option<Vec<bool>>, Box<dyn std::error::Error>> {
         let schema = Schema::new(vec![Field::new("k", column.data_type().clone(), true)]);
         let on = [("k".to_string(), "k".to_string())];
         let spec = KeySpec::resolve(
@@ -523,42 +529,46 @@ mod tests {
             &schema,
             &on,
             NullEquality::NullEqualsNull,
-        )
-        .unwrap();
-        let batch = RecordBatch::try_new(Arc::new(schema), vec![column]).unwrap();
-        let keys = spec.evaluate(&batch, false).unwrap();
-        keys.first_of_runs(excluded)
-            .map(|m| (0..batch.num_rows()).map(|r| m.is_valid(r)).collect())
+        )?;
+        let batch = RecordBatch::try_new(Arc::new(schema), vec![column])?;
+        let keys = spec.evaluate(&batch, false)?;
+        Ok(keys
+            .first_of_runs(excluded)
+            .map(|m| (0..batch.num_rows()).map(|r| m.is_valid(r)).collect()))
     }
 
     #[test]
-    fn first_of_runs_keeps_the_first_row_of_each_run_of_equal_keys() {
+    fn first_of_runs_keeps_the_first_row_of_each_run_of_equal_keys() -> TestResult {
         let words = Arc::new(Int64Array::from(vec![1, 1, 2, 1, 3, 3, 3])) as ArrayRef;
-        let expected = [true, false, true, true, true, false, false];
-        assert_eq!(runs(Arc::clone(&words), None).unwrap(), expected);
+        let expected = vec![true, false, true, true, true, false, false];
+        assert_eq!(runs(Arc::clone(&words), None)?, Some(expected));
         // Rows left out stay out.
         let excluded = NullBuffer::from(vec![true, true, false, true, true, true, true]);
-        let expected = [true, false, false, true, true, false, false];
-        assert_eq!(runs(words, Some(&excluded)).unwrap(), expected);
+        let expected = vec![true, false, false, true, true, false, false];
+        assert_eq!(runs(words, Some(&excluded))?, Some(expected));
         // Encoded rows (not words), the same.
         let strings = Arc::new(StringArray::from(vec!["a", "a", "b", "a"])) as ArrayRef;
-        assert_eq!(runs(strings, None).unwrap(), [true, false, true, true]);
+        assert_eq!(runs(strings, None)?, Some(vec![true, false, true, true]));
+        Ok(())
     }
 
     #[test]
-    fn first_of_runs_counts_nulls_equal_and_apart_from_values() {
+    fn first_of_runs_counts_nulls_equal_and_apart_from_values() -> TestResult {
         let words =
             Arc::new(Int64Array::from(vec![None, None, Some(0), Some(0), None])) as ArrayRef;
-        assert_eq!(runs(words, None).unwrap(), [true, false, true, false, true]);
+        let expected = vec![true, false, true, false, true];
+        assert_eq!(runs(words, None)?, Some(expected));
         let strings = Arc::new(StringArray::from(vec![None, None, Some(""), None])) as ArrayRef;
-        assert_eq!(runs(strings, None).unwrap(), [true, false, true, true]);
+        assert_eq!(runs(strings, None)?, Some(vec![true, false, true, true]));
+        Ok(())
     }
 
     #[test]
-    fn first_of_runs_is_none_where_no_key_repeats() {
+    fn first_of_runs_is_none_where_no_key_repeats() -> TestResult {
         let words = Arc::new(Int64Array::from(vec![1, 2, 1, 2])) as ArrayRef;
-        assert_eq!(runs(words, None), None);
+        assert_eq!(runs(words, None)?, None);
         let strings = Arc::new(StringArray::from(vec!["a", "b", "a"])) as ArrayRef;
-        assert_eq!(runs(strings, None), None);
+        assert_eq!(runs(strings, None)?, None);
+        Ok(())
     }
 }

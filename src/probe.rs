@@ -90,11 +90,33 @@ pub(crate) struct ProbeSpill {
     /// (instead of `pending`).
     gathered: Option<FixedRows>,
     rows: usize,
-    writer: Option<SpillWriter>,
     reservation: MemoryReservation,
-    /// The partition, which picks the shared file it is written to.
-    partition: usize,
 }
+
+/// One spilled partition's probe rows on their way to disk: the buffer that workers
+/// append to, and the writer of its file, under locks of their own. A full buffer is
+/// taken out under the first ([`ProbeState::take_full`]) and written under the
+/// second, so that while one worker encodes and writes a partition's rows the others
+/// go on appending to it (under a limit of a few MiB, where buffers fill every few
+/// batches, workers waiting on the lock of a partition being written were 8.7% of
+/// the samples of an SF1 right outer join at 5%).
+///
+/// Neither lock is taken while the other is held.
+#[derive(Debug)]
+struct SpillSlot {
+    buffer: Mutex<ProbeSpill>,
+    writer: Mutex<Option<SpillWriter>>,
+}
+
+/// A buffer taken out of a partition to be written outside its lock, holding the
+/// memory it takes until then.
+struct Full {
+    batch: RecordBatch,
+    _reservation: MemoryReservation,
+}
+
+/// Full buffers taken out under a partition's lock, written once it is released.
+type ToWrite = Vec<Full>;
 
 /// The mutable state of one execution against a built side.
 #[derive(Debug)]
@@ -106,7 +128,7 @@ pub(crate) struct ProbeState {
     /// Whether some probe row had a null key (this level's, or inherited).
     pub probe_has_null: AtomicBool,
     /// Per partition: where probe rows of spilled partitions go.
-    spills: Vec<Option<Mutex<ProbeSpill>>>,
+    spills: Vec<Option<SpillSlot>>,
     spill_schema: SchemaRef,
     /// The schema its files hold ([`spilljoin_spill::file_schema`]: decimals of at
     /// most 18 digits as `Int64`), in which fixed-width rows are gathered: narrowed
@@ -155,17 +177,15 @@ impl ProbeState {
         let spills = built
             .partitions
             .iter()
-            .enumerate()
-            .map(|(p, part)| {
-                matches!(part, Partition::Spilled(_)).then(|| {
-                    Mutex::new(ProbeSpill {
+            .map(|part| {
+                matches!(part, Partition::Spilled(_)).then(|| SpillSlot {
+                    buffer: Mutex::new(ProbeSpill {
                         pending: Vec::new(),
                         gathered: None,
                         rows: 0,
-                        writer: None,
                         reservation: reservation.new_empty(),
-                        partition: p,
-                    })
+                    }),
+                    writer: Mutex::new(None),
                 })
             })
             .collect();
@@ -237,29 +257,28 @@ impl ProbeState {
         batch: RecordBatch,
         hashes: Vec<u64>,
     ) -> Result<()> {
-        let Some(slot) = self.spills.get(p).and_then(|s| s.as_ref()) else {
-            return Err(JoinError::InvalidJoin(
-                "internal: routing to an unspilled partition".into(),
-            ));
-        };
+        let slot = self.slot(p)?;
         let batch = attach_hashes(&batch, hashes, &self.spill_schema)?;
         let bytes = batch_bytes(&batch);
         let reserved = {
-            let mut spill = lock(slot);
+            let mut spill = lock(&slot.buffer);
             if spill.reservation.try_grow(bytes).is_ok() {
                 true
             } else {
-                self.flush(ctx, &mut spill)?;
-                spill.reservation.try_grow(bytes).is_ok()
+                let full = self.take_full(&mut spill)?;
+                drop(spill);
+                self.write(ctx, p, full)?;
+                lock(&slot.buffer).reservation.try_grow(bytes).is_ok()
             }
         };
         let mut spill = if reserved {
-            lock(slot)
+            lock(&slot.buffer)
         } else {
             // Free other buffers (one lock at a time, so no two workers deadlock).
-            let grown =
-                self.free_buffers(ctx, || lock(slot).reservation.try_grow(bytes).is_ok())?;
-            let mut spill = lock(slot);
+            let grown = self.free_buffers(ctx, || {
+                lock(&slot.buffer).reservation.try_grow(bytes).is_ok()
+            })?;
+            let mut spill = lock(&slot.buffer);
             if !grown {
                 spill.reservation.try_grow(bytes)?;
             }
@@ -268,7 +287,9 @@ impl ProbeState {
         spill.rows += batch.num_rows();
         spill.pending.push(batch);
         if spill.rows >= ctx.plan.work_rows {
-            self.flush(ctx, &mut spill)?;
+            let full = self.take_full(&mut spill)?;
+            drop(spill);
+            self.write(ctx, p, full)?;
         }
         Ok(())
     }
@@ -285,21 +306,19 @@ impl ProbeState {
         rows: &[u32],
         hashes: Option<&[u64]>,
     ) -> Result<()> {
-        let (Some(slot), Some(widths)) = (
-            self.spills.get(p).and_then(|s| s.as_ref()),
-            self.fixed_widths.as_deref(),
-        ) else {
+        let slot = self.slot(p)?;
+        let Some(widths) = self.fixed_widths.as_deref() else {
             return Err(JoinError::InvalidJoin(
-                "internal: gathering for an unspilled partition".into(),
+                "internal: gathering rows of variable width".into(),
             ));
         };
         // Grows the reservation to what the buffers will hold with these rows (after
-        // writing the buffered rows out if they are gathered 32 bits wide where these
-        // do not fit).
+        // taking the buffered rows out, to be written, if they are gathered 32 bits
+        // wide where these do not fit).
         type Reserved = Result<(), spilljoin_memory::MemoryError>;
-        let reserve = |spill: &mut ProbeSpill| -> Result<Reserved> {
+        let reserve = |spill: &mut ProbeSpill, out: &mut ToWrite| -> Result<Reserved> {
             if spill.gathered.as_ref().is_some_and(|g| !g.admits(fits)) {
-                self.flush(ctx, spill)?;
+                out.extend(self.take_full(spill)?);
             }
             let rows_now = spill
                 .gathered
@@ -312,7 +331,7 @@ impl ProbeState {
         // A buffer is written when it holds the bytes of `work_rows` rows gathered
         // wide (what the build's headroom counts for it): more rows when gathered
         // 32 bits wide, so fewer, larger writes.
-        let append = |spill: &mut ProbeSpill| -> Result<()> {
+        let append = |spill: &mut ProbeSpill, out: &mut ToWrite| -> Result<()> {
             let mut full = ctx.plan.work_rows;
             if let Some(gathered) = spill.gathered.as_mut() {
                 gathered.append(columns, rows, hashes)?;
@@ -320,18 +339,35 @@ impl ProbeState {
             }
             spill.rows += rows.len();
             if spill.rows >= full {
-                self.flush(ctx, spill)?;
+                out.extend(self.take_full(spill)?);
             }
             Ok(())
         };
-        {
-            let mut spill = lock(slot);
-            if reserve(&mut spill)?.is_ok() {
-                return append(&mut spill);
+        let mut out = ToWrite::new();
+        let appended = {
+            let mut spill = lock(&slot.buffer);
+            if reserve(&mut spill, &mut out)?.is_ok() {
+                append(&mut spill, &mut out)?;
+                true
+            } else {
+                out.extend(self.take_full(&mut spill)?);
+                false
             }
-            self.flush(ctx, &mut spill)?;
-            if reserve(&mut spill)?.is_ok() {
-                return append(&mut spill);
+        };
+        self.write_all(ctx, p, &mut out)?;
+        if appended {
+            return Ok(());
+        }
+        {
+            let mut spill = lock(&slot.buffer);
+            let appended = reserve(&mut spill, &mut out)?.is_ok();
+            if appended {
+                append(&mut spill, &mut out)?;
+            }
+            drop(spill);
+            self.write_all(ctx, p, &mut out)?;
+            if appended {
+                return Ok(());
             }
         }
         // Free other buffers (one lock at a time, so no two workers deadlock); another
@@ -340,10 +376,10 @@ impl ProbeState {
         loop {
             let mut appended = None;
             self.free_buffers(ctx, || {
-                let mut spill = lock(slot);
-                match reserve(&mut spill) {
+                let mut spill = lock(&slot.buffer);
+                match reserve(&mut spill, &mut out) {
                     Ok(Ok(())) => {
-                        appended = Some(append(&mut spill));
+                        appended = Some(append(&mut spill, &mut out));
                         true
                     }
                     Ok(Err(_)) => false,
@@ -353,20 +389,37 @@ impl ProbeState {
                     }
                 }
             })?;
+            self.write_all(ctx, p, &mut out)?;
             if let Some(result) = appended {
                 return result;
             }
-            let mut spill = lock(slot);
-            match reserve(&mut spill)? {
-                Ok(()) => return append(&mut spill),
+            let mut spill = lock(&slot.buffer);
+            match reserve(&mut spill, &mut out)? {
+                Ok(()) => {
+                    append(&mut spill, &mut out)?;
+                    drop(spill);
+                    return self.write_all(ctx, p, &mut out);
+                }
                 Err(_) if attempt < RESERVE_RETRIES => {
                     drop(spill);
+                    self.write_all(ctx, p, &mut out)?;
                     attempt += 1;
                     std::thread::sleep(std::time::Duration::from_millis(1));
                 }
-                Err(e) => return Err(e.into()),
+                Err(e) => {
+                    drop(spill);
+                    self.write_all(ctx, p, &mut out)?;
+                    return Err(e.into());
+                }
             }
         }
+    }
+
+    /// Partition `p`'s spill slot.
+    fn slot(&self, p: usize) -> Result<&SpillSlot> {
+        self.spills.get(p).and_then(|s| s.as_ref()).ok_or_else(|| {
+            JoinError::InvalidJoin("internal: spilling to an unspilled partition".into())
+        })
     }
 
     /// Writes buffered probe rows out, the fullest buffers first, until `fits()` (or
@@ -378,14 +431,13 @@ impl ProbeState {
             .spills
             .iter()
             .enumerate()
-            .filter_map(|(p, spill)| Some((lock(spill.as_ref()?).reservation.size(), p)))
+            .filter_map(|(p, slot)| Some((lock(&slot.as_ref()?.buffer).reservation.size(), p)))
             .filter(|&(bytes, _)| bytes > 0)
             .collect();
         held.sort_unstable_by(|a, b| b.cmp(a));
         for (_, p) in held {
-            if let Some(spill) = self.spills.get(p).and_then(|s| s.as_ref()) {
-                self.flush(ctx, &mut lock(spill))?;
-            }
+            let full = self.take_full(&mut lock(&self.slot(p)?.buffer))?;
+            self.write(ctx, p, full)?;
             if fits() {
                 return Ok(true);
             }
@@ -393,19 +445,14 @@ impl ProbeState {
         Ok(false)
     }
 
-    fn flush(&self, ctx: &Ctx<'_>, spill: &mut ProbeSpill) -> Result<()> {
+    /// Takes what `spill` buffers out of it, as one batch, with the memory it holds;
+    /// `None` when it is empty.
+    fn take_full(&self, spill: &mut ProbeSpill) -> Result<Option<Full>> {
         let gathered = spill.gathered.as_ref().map_or(0, FixedRows::len);
         if spill.pending.is_empty() && gathered == 0 {
-            return Ok(());
+            return Ok(None);
         }
-        if spill.writer.is_none() {
-            spill.writer = Some(self.files.create_writer(
-                ctx,
-                Arc::clone(&self.spill_schema),
-                spill.partition,
-            )?);
-        }
-        let merged = match spill.gathered.as_mut() {
+        let batch = match spill.gathered.as_mut() {
             Some(rows) if gathered > 0 => {
                 // The next batch of this partition will likely be written as full.
                 rows.expect_rows(gathered);
@@ -416,13 +463,38 @@ impl ProbeState {
                 concat_batches(&self.spill_schema, &pending)?
             }
         };
-        let writer = spill
-            .writer
+        spill.rows = 0;
+        Ok(Some(Full {
+            batch,
+            _reservation: spill.reservation.take(),
+        }))
+    }
+
+    /// Writes a buffer taken out of partition `p` to its spill file (creating the
+    /// file first), then releases the buffer's memory. Call it with no lock of `p`'s
+    /// buffer held.
+    fn write(&self, ctx: &Ctx<'_>, p: usize, full: Option<Full>) -> Result<()> {
+        let Some(full) = full else {
+            return Ok(());
+        };
+        let mut writer = lock(&self.slot(p)?.writer);
+        if writer.is_none() {
+            *writer = Some(
+                self.files
+                    .create_writer(ctx, Arc::clone(&self.spill_schema), p)?,
+            );
+        }
+        let writer = writer
             .as_mut()
             .ok_or_else(|| JoinError::InvalidJoin("internal: no writer".into()))?;
-        write_counted(writer, &merged, &ctx.metrics.spill_counters(false))?;
-        spill.rows = 0;
-        spill.reservation.free();
+        write_counted(writer, &full.batch, &ctx.metrics.spill_counters(false))
+    }
+
+    /// [`write`](Self::write)s every buffer in `out`, emptying it.
+    fn write_all(&self, ctx: &Ctx<'_>, p: usize, out: &mut ToWrite) -> Result<()> {
+        for full in out.drain(..) {
+            self.write(ctx, p, Some(full))?;
+        }
         Ok(())
     }
 
@@ -430,13 +502,13 @@ impl ProbeState {
     /// partition that received rows.
     pub fn finish_spills(self, ctx: &Ctx<'_>) -> Result<Vec<Option<SpillFile>>> {
         let mut files = Vec::with_capacity(self.spills.len());
-        for spill in &self.spills {
-            files.push(match spill {
+        for (p, slot) in self.spills.iter().enumerate() {
+            files.push(match slot {
                 None => None,
-                Some(spill) => {
-                    let mut spill = lock(spill);
-                    self.flush(ctx, &mut spill)?;
-                    spill.writer.take().map(|w| w.finish()).transpose()?
+                Some(slot) => {
+                    let full = self.take_full(&mut lock(&slot.buffer))?;
+                    self.write(ctx, p, full)?;
+                    lock(&slot.writer).take().map(|w| w.finish()).transpose()?
                 }
             });
         }

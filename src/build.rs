@@ -787,7 +787,8 @@ impl<'a> BuildCollector<'a> {
             group_rows += batch.num_rows();
             group_bytes += batch_bytes(&batch) + hashes.capacity() * 8;
             group.push(attach_hashes(&batch, hashes, &self.spill_schema)?);
-            if group_rows >= batch_size || i + 1 == last {
+            if group_rows >= batch_size || group_bytes >= self.plan().piece_bytes() || i + 1 == last
+            {
                 if group.len() == 1 {
                     write(&group[0])?;
                 } else {
@@ -936,8 +937,9 @@ impl<'a> BuildCollector<'a> {
             for (piece, hashes) in pieces(&batch, stored_hashes.as_ref(), piece_rows) {
                 // Wide rows bunched in one part of a batch make a piece larger than
                 // its average: such a piece goes in work-row pieces after all.
-                if piece.num_rows() > plan.work_rows && batch_bytes(&piece) > piece_bytes {
-                    for (small, hashes) in pieces(&piece, hashes.as_ref(), plan.work_rows) {
+                let work_rows = plan.piece_rows(&piece);
+                if piece.num_rows() > work_rows && batch_bytes(&piece) > piece_bytes {
+                    for (small, hashes) in pieces(&piece, hashes.as_ref(), work_rows) {
                         self.collect_batch(&small, hashes.as_deref(), has_null_key, &mut scratch)?;
                     }
                 } else {
@@ -1555,14 +1557,15 @@ where
 /// `work_rows` that takes more (wide rows bunched together) is cut to `work_rows`.
 fn build_piece_size(plan: &JoinPlan, batch: &RecordBatch) -> (usize, usize) {
     let rows = batch.num_rows();
-    let max_bytes = plan.pool.limit().bytes() / (16 * plan.threads.max(1));
-    if rows <= plan.work_rows {
-        return (plan.work_rows, max_bytes);
+    let max_bytes = plan.piece_bytes();
+    let work_rows = plan.piece_rows(batch);
+    if rows <= work_rows {
+        return (work_rows, max_bytes);
     }
     let row_bytes = (batch_bytes(batch) / rows).max(1);
     let by_memory = max_bytes / row_bytes;
     (
-        by_memory.clamp(plan.work_rows, MAX_BUILD_PIECE_ROWS.max(plan.work_rows)),
+        by_memory.clamp(work_rows, MAX_BUILD_PIECE_ROWS.max(work_rows)),
         max_bytes,
     )
 }

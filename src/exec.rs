@@ -19,7 +19,7 @@
 //! ```
 //!
 //! Recursion writes each spilled byte once per level. Its depth is bounded by
-//! [`MAX_DEPTH`] and by the hash bits ([`crate::partition::MAX_TOTAL_PARTITION_BITS`]);
+//! the plan's depth (at most [`MAX_DEPTH`], `with_max_depth`) and by the hash bits ([`crate::partition::MAX_TOTAL_PARTITION_BITS`]);
 //! a partition that does not split (one key holds most of its rows) goes to the
 //! fallback. Chunked, the build file is read in chunks that fit, each chunk is joined
 //! with the whole probe file, and per-probe-row match bits carry outer, anti, semi and
@@ -57,8 +57,10 @@ use crate::partition::HashBits;
 use crate::plan::JoinPlan;
 use crate::probe::{emit_build_rows, emit_unmatchable, ProbeState, Prober};
 
-/// The deepest recursion level; a partition still too big below it goes to the
-/// fallback. Four levels of 4 bits split a build 2^20 ways (16 at level 0).
+/// The deepest recursion level (the default, and the most
+/// [`HashJoinBuilder::with_max_depth`](crate::HashJoinBuilder::with_max_depth)
+/// allows); a partition still too big below it goes to the fallback. Four levels of
+/// 4 bits split a build 2^20 ways (16 at level 0).
 pub const MAX_DEPTH: u32 = 4;
 
 /// Radix bits of every level below the first.
@@ -446,7 +448,7 @@ where
                     .probe_rows
                     .fetch_add(batch.num_rows() as u64, Ordering::Relaxed);
             }
-            for (piece, hashes) in pieces(&batch, hashes.as_ref(), plan.work_rows) {
+            for (piece, hashes) in pieces(&batch, hashes.as_ref(), plan.piece_rows(&batch)) {
                 let bytes = batch_bytes(&piece);
                 state.reserve(ctx, &mut reservation, bytes)?;
                 prober.probe(&piece, hashes.as_deref(), &mut sink)?;
@@ -721,7 +723,7 @@ fn join_pair(
     // dominates, and repartitioning again would only rewrite it.
     let no_progress = level.depth > 0 && build_file.rows() * 10 >= level_rows * 9;
     match next {
-        Some(bits) if level.depth < MAX_DEPTH && !no_progress => {
+        Some(bits) if level.depth < ctx.plan.max_depth && !no_progress => {
             let sub = Level {
                 bits,
                 depth: level.depth + 1,

@@ -19,7 +19,7 @@ use spilljoin_spill::{SpillConfig, SpillManager};
 
 use crate::batches::panic_message;
 use crate::error::{JoinError, Result, Side};
-use crate::exec::{run, Ctx, JoinPhase, SharedMetrics};
+use crate::exec::{run, Ctx, JoinPhase, SharedMetrics, MAX_DEPTH};
 use crate::filter::{JoinFilter, ResolvedFilter};
 use crate::join_type::JoinType;
 use crate::keys::{KeySpec, NullEquality};
@@ -94,6 +94,7 @@ pub struct HashJoinBuilder {
     statistics: (InputStatistics, InputStatistics),
     swap_sides: bool,
     hot_key_split: HotKeySplit,
+    max_depth: u32,
 }
 
 /// Whether the fallback for a spilled pair that its hash bits cannot split first
@@ -166,6 +167,7 @@ impl HashJoinBuilder {
             statistics: Default::default(),
             swap_sides: true,
             hot_key_split: HotKeySplit::Auto,
+            max_depth: MAX_DEPTH,
         }
     }
 
@@ -225,6 +227,18 @@ impl HashJoinBuilder {
     /// described at [`partition_bits_for`]; the output does not depend on it.
     pub fn with_partition_bits(mut self, bits: u32) -> Self {
         self.partition_bits = Some(bits);
+        self
+    }
+
+    /// How deep spilled pairs may be repartitioned (default and most:
+    /// [`MAX_DEPTH`](crate::MAX_DEPTH), which the hash bits bound). A spilled pair
+    /// still too big at this depth is joined by the chunked fallback; 0 sends every
+    /// spilled pair of level 0 there. Fewer levels write each spilled byte fewer
+    /// times but read the probe file once per chunk of the build file; the output
+    /// does not depend on it. More than `MAX_DEPTH` is an
+    /// [`InvalidJoin`](JoinError::InvalidJoin) error from [`build`](Self::build).
+    pub fn with_max_depth(mut self, depth: u32) -> Self {
+        self.max_depth = depth;
         self
     }
 
@@ -352,6 +366,12 @@ impl HashJoinBuilder {
                 )));
             }
         }
+        if self.max_depth > MAX_DEPTH {
+            return Err(JoinError::InvalidJoin(format!(
+                "a recursion depth of {} is more than the {MAX_DEPTH} levels the hash bits allow",
+                self.max_depth
+            )));
+        }
         let pool = self
             .pool
             .clone()
@@ -429,6 +449,7 @@ impl HashJoinBuilder {
             bits,
             force_spill_fraction: self.force_spill_fraction,
             force_spill_depth: self.force_spill_depth,
+            max_depth: self.max_depth,
             hot_key_split: self.hot_key_split,
             mirror: None,
             build_rows_hint: None,
@@ -702,7 +723,13 @@ impl HashJoin {
         &self.plan.keys.types
     }
 
-    /// The radix bits of the first partitioning level.
+    /// How deep spilled pairs may be repartitioned
+    /// ([`HashJoinBuilder::with_max_depth`]).
+    pub fn max_depth(&self) -> u32 {
+        self.plan.max_depth
+    }
+
+    /// Radix bits of the first partitioning level.
     pub fn partition_bits(&self) -> u32 {
         self.plan.bits.bits()
     }

@@ -43,6 +43,9 @@ pub(crate) struct JoinPlan {
     /// The deepest level that [`force_spill_fraction`](Self::force_spill_fraction)
     /// applies to (`None`: the environment decides; see [`crate::join::ForceSpill`]).
     pub force_spill_depth: Option<u32>,
+    /// The deepest level spilled pairs are repartitioned to (at most
+    /// [`crate::MAX_DEPTH`]); below it a pair too big goes to the fallback.
+    pub max_depth: u32,
     pub hot_key_split: crate::join::HotKeySplit,
     /// The same join with the other input building, for spilled pairs whose probe
     /// side turns out smaller; `None` where roles cannot swap (`NOT IN`).
@@ -149,5 +152,36 @@ pub(crate) fn work_rows_for(batch_size: usize, limit_bytes: usize, threads: usiz
     batch_size.min(by_memory.max(MIN_WORK_ROWS))
 }
 
-/// The fewest rows the join processes at a time (unless the batch size is smaller).
+/// The fewest rows the join processes at a time (unless the batch size is smaller,
+/// or the rows are so wide that fewer make a piece: [`JoinPlan::piece_rows`]).
 pub(crate) const MIN_WORK_ROWS: usize = 1024;
+
+/// A piece of an input batch takes at most this share of a worker's part of the
+/// limit: while a piece is joined, it, its copies into partitions (or its candidate
+/// pairs' gathered columns), its hashes and key encodings, and a spill buffer's
+/// batch of its rows live together.
+const PIECE_SHARE: usize = 16;
+
+impl JoinPlan {
+    /// The most bytes of input rows one worker joins at a time:
+    /// `limit / (threads × PIECE_SHARE)`.
+    pub(crate) fn piece_bytes(&self) -> usize {
+        self.pool.limit().bytes() / (PIECE_SHARE * self.threads.max(1))
+    }
+
+    /// The rows of `batch` joined at a time: [`work_rows`](Self::work_rows), or fewer
+    /// (at least one) when that many of its rows would take more than
+    /// [`piece_bytes`](Self::piece_bytes). [`MIN_WORK_ROWS`] narrow rows are a few
+    /// dozen KiB, but a thousand rows of 8 KiB strings are 8 MiB a piece, several
+    /// times over per worker: without this, the floor of a join of wide rows grew
+    /// with `threads × MIN_WORK_ROWS × row width` instead of with its batches (4
+    /// threads joining 8 MiB batches of 2 KB rows needed 29 MiB).
+    pub(crate) fn piece_rows(&self, batch: &RecordBatch) -> usize {
+        let rows = batch.num_rows();
+        if rows == 0 {
+            return self.work_rows;
+        }
+        let row_bytes = (crate::batches::batch_bytes(batch) / rows).max(1);
+        self.work_rows.min((self.piece_bytes() / row_bytes).max(1))
+    }
+}

@@ -640,3 +640,47 @@ fn top_level_help_names_every_join_flag() {
         );
     }
 }
+
+#[test]
+fn max_depth_bounds_recursion_and_is_checked() {
+    let f = Fixture::new();
+    // Forced to spill at every level, a join allowed no repartitioning joins its
+    // spilled pairs in chunks, with the same rows.
+    let metrics = f.path("m.json");
+    let mut args = vec![
+        "join".to_string(),
+        "--left".into(),
+        f.left.display().to_string(),
+        "--right".into(),
+        f.right.display().to_string(),
+        "--on".into(),
+        "id=id".into(),
+        "--metrics".into(),
+        metrics.display().to_string(),
+    ];
+    let forced = [
+        ("SPILLJOIN_FORCE_SPILL", "all"),
+        ("SPILLJOIN_FORCE_SPILL_DEPTH", "4"),
+    ];
+    let deep = spilljoin_env(&args, &forced);
+    args.extend(["--max-depth".into(), "0".into()]);
+    let shallow = spilljoin_env(&args, &forced);
+    assert_eq!(shallow.rows(), deep.rows());
+    let report: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&metrics).unwrap()).unwrap();
+    assert_eq!(report["spill"]["max_recursion_depth"], 0, "{report}");
+    assert!(
+        report["spill"]["fallbacks"].as_u64().unwrap() >= 1,
+        "{report}"
+    );
+    // The plan says it; more levels than the hash bits give is refused.
+    let explained = f.join(&["--max-depth", "2", "--explain"]);
+    assert!(
+        explained.stdout.contains("up to 2 levels"),
+        "{}",
+        explained.stdout
+    );
+    let refused = f.join(&["--max-depth", "5"]);
+    assert_eq!(refused.code, 2, "{}", refused.stderr);
+    assert!(refused.stderr.contains("--max-depth"), "{}", refused.stderr);
+}

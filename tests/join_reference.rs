@@ -279,7 +279,10 @@ fn spilling_forced_below_level_zero_recurses_and_falls_back_with_the_same_answer
             false,
             NullEquality::NullEqualsNothing,
         );
-        for depth in [0, 1, spilljoin::MAX_DEPTH] {
+        // (forced depth, deepest level allowed): `with_max_depth` below the forced
+        // depth sends the pairs that would go deeper to the fallback instead.
+        let max = spilljoin::MAX_DEPTH;
+        for (depth, max_depth) in [(0, max), (1, max), (max, max), (max, 1), (max, 0)] {
             let pool: Arc<dyn MemoryPool> = Arc::new(GreedyMemoryPool::new(1 << 30));
             let join = HashJoinBuilder::new(left.schema(), right.schema(), on.clone())
                 .with_join_type(join_type)
@@ -289,6 +292,7 @@ fn spilling_forced_below_level_zero_recurses_and_falls_back_with_the_same_answer
                 .with_memory_pool(Arc::clone(&pool))
                 .with_force_spill(1.0)
                 .with_force_spill_depth(depth)
+                .with_max_depth(max_depth)
                 .build()
                 .unwrap();
             let (mut lrng, mut rrng) = (rng_for(j as u64 ^ 1).1, rng_for(j as u64 ^ 2).1);
@@ -303,23 +307,22 @@ fn spilling_forced_below_level_zero_recurses_and_falls_back_with_the_same_answer
                 .collect::<Result<_, _>>()
                 .unwrap_or_else(|e| panic!("{join_type} forced to depth {depth}: {e}"));
             let m = stream.metrics();
-            assert_eq!(
-                rendered_rows(&output),
-                expected,
-                "{join_type} forced to depth {depth}: {m:?}"
-            );
+            let context = format!("{join_type} forced to depth {depth}, max depth {max_depth}");
+            assert_eq!(rendered_rows(&output), expected, "{context}: {m:?}");
             // Forced at level 0, the pairs are joined at depth 1 and fit; forced
-            // deeper, they spill again: a level below or the fallback.
+            // deeper, they spill again: a level below or the fallback. No level is
+            // deeper than allowed, and the pairs at the deepest allowed level go to
+            // the fallback.
+            assert!(m.max_depth <= u64::from(max_depth), "{context}: {m:?}");
             if depth == 0 {
-                assert_eq!((m.max_depth, m.fallbacks), (1, 0), "{join_type}: {m:?}");
+                assert_eq!((m.max_depth, m.fallbacks), (1, 0), "{context}: {m:?}");
+            } else if max_depth < max {
+                assert!(m.fallbacks >= 1, "{context}: {m:?}");
             } else {
-                assert!(
-                    m.max_depth >= 2 || m.fallbacks >= 1,
-                    "{join_type} forced to depth {depth}: {m:?}"
-                );
+                assert!(m.max_depth >= 2 || m.fallbacks >= 1, "{context}: {m:?}");
             }
             drop(stream);
-            assert_eq!(pool.reserved(), 0, "{join_type} forced to depth {depth}");
+            assert_eq!(pool.reserved(), 0, "{context}");
         }
     }
 }

@@ -60,7 +60,8 @@ spilljoin join: the flags, in short (`spilljoin join --help` explains each):
            [--pushdown none|bounds|all] [--explain]
   output   [--output PATH|-] [--output-format F] [--compression C]
   running  [--memory-limit SIZE] [--spill-dir DIR] [--spill-compression none|lz4|zstd]
-           [--max-spill-size SIZE] [--threads N] [--batch-size N] [--metrics PATH] [-q]
+           [--max-spill-size SIZE] [--max-depth N] [--threads N] [--batch-size N]
+           [--metrics PATH] [-q]
 
 Examples:
   spilljoin demo                       generate TPC-H-shaped data and join it in 8 MiB
@@ -118,6 +119,10 @@ pub struct RunArgs {
     /// Rows per batch, read and written (1 to 1048576).
     #[arg(long, default_value_t = spilljoin::DEFAULT_BATCH_SIZE_ROWS, value_parser = parse_batch_size, value_name = "ROWS")]
     pub batch_size: usize,
+    /// How many times a spilled partition still too big may be split again, 0 to 4;
+    /// below that it is joined in chunks (the output is the same).
+    #[arg(long, default_value_t = spilljoin::MAX_DEPTH, value_parser = clap::value_parser!(u32).range(0..=spilljoin::MAX_DEPTH as i64), value_name = "N")]
+    pub max_depth: u32,
     /// Write the run's figures (phases, rows, spilling, memory) here as JSON, also
     /// when the join fails.
     #[arg(long, value_name = "PATH")]

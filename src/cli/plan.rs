@@ -22,7 +22,7 @@ use spilljoin::memory::{
 };
 use spilljoin::spill::SpillConfig;
 use spilljoin::{
-    HashJoin, HashJoinBuilder, InputStatistics, JoinError, JoinType, NullEquality, Side, MAX_DEPTH,
+    HashJoin, HashJoinBuilder, InputStatistics, JoinError, JoinType, NullEquality, Side,
 };
 
 use super::args::RunArgs;
@@ -136,6 +136,7 @@ impl Plan {
         .with_null_equality(request.null_equality)
         .with_memory_pool(memory_pool(limit_bytes))
         .with_batch_size(run.batch_size)
+        .with_max_depth(run.max_depth)
         .with_threads(threads)
         .with_statistics(left_stats, right_stats)
         .with_side_swap(request.swap);
@@ -260,8 +261,9 @@ impl Plan {
         line(
             "partitions",
             format!(
-                "{} at level 0 ({bits} hash bits); a spilled partition is split 16 ways per level, up to {MAX_DEPTH} levels",
-                1u64 << bits
+                "{} at level 0 ({bits} hash bits); a spilled partition is split 16 ways per level, up to {} levels",
+                1u64 << bits,
+                self.join.max_depth()
             ),
         );
         line(

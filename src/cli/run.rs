@@ -348,12 +348,13 @@ fn with_hints(e: anyhow::Error, plan: &Plan) -> anyhow::Error {
             .chain()
             .last()
             .map_or_else(|| e.to_string(), |c| c.to_string());
-        // The floor is what joins of ordinary rows are tested to finish in; wide rows
-        // need room for a few batches in flight, so it is a hint, not a promise.
+        // The floor is what joins of ordinary rows are tested to finish in
+        // (tests/spill_harness.rs); joins of wide rows are tested to finish from
+        // twice their largest batch (tests/floor.rs).
         let suggest = floor.max(plan.limit_bytes.saturating_mul(2));
         return Kind::Memory.error(format!(
             "memory limit {} is too small for this join: {refused}; joins with --batch-size {} and {} threads \
-             finish from {} when their rows are narrow, wide rows need a few batches of room: rerun with \
+             finish from {} (and from twice their largest batch when rows are wide): rerun with \
              --memory-limit {}MiB or more",
             human_bytes(plan.limit_bytes),
             plan.request.run.batch_size,

@@ -88,10 +88,11 @@ fn random_case(case: u64) -> (u64, Case) {
 
 fn run_case(case: u64) {
     let (seed, c) = random_case(case);
+    let seed_prefix = seed_prefix();
     let context = || {
         format!(
             "case {case} (seed {seed}): {} keys {:?} filter={} {:?} batch={} threads={} bits={} force_spill={} force_spill_depth={} swap={} left={} right={}\n\
-             replay: SPILLJOIN_CASE={case} cargo test --test join_reference random_joins_match_the_reference",
+             replay: {seed_prefix}SPILLJOIN_CASE={case} cargo test --test join_reference random_joins_match_the_reference",
             c.join_type,
             c.left.schema().fields().iter().take(c.keys.len()).map(|f| f.data_type().to_string()).collect::<Vec<_>>(),
             c.filter,

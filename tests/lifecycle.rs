@@ -139,6 +139,39 @@ fn a_limit_below_the_floor_is_a_clear_error_and_leaves_nothing() {
     assert_clean(&s);
 }
 
+/// Dropped while spilled pairs are being joined: at the next level (forced at level
+/// 0), or in the chunked fallback (forced at every level, allowed no recursion).
+#[test]
+fn output_dropped_while_joining_spilled_pairs_or_in_the_fallback_leaves_nothing() {
+    for max_depth in [spilljoin::MAX_DEPTH, 0] {
+        let s = setup(64 << 20);
+        let (l, r) = (batch("l", 0, 1).schema(), batch("r", 0, 1).schema());
+        let mut stream = HashJoinBuilder::new(l, r, [("lk", "rk")])
+            .with_join_type(JoinType::Full)
+            .with_memory_pool(Arc::clone(&s.pool))
+            .with_spill_manager(s.spill.clone())
+            .with_threads(2)
+            .with_batch_size(1000)
+            .with_force_spill(1.0)
+            .with_force_spill_depth(spilljoin::MAX_DEPTH)
+            .with_max_depth(max_depth)
+            .build()
+            .unwrap()
+            .execute(batches("l", 40), batches("r", 20))
+            .unwrap();
+        // Every partition spilled: the first output comes from the spilled pairs.
+        stream.next().unwrap().unwrap();
+        let m = stream.metrics();
+        assert_eq!(m.phase, spilljoin::JoinPhase::SpilledPairs, "{m:?}");
+        if max_depth == 0 {
+            assert!(m.fallbacks > 0, "{m:?}");
+        }
+        assert!(s.spill.live_files() > 0, "{m:?}");
+        drop(stream);
+        assert_clean(&s);
+    }
+}
+
 #[test]
 fn a_disk_quota_reached_is_a_spill_error_and_leaves_nothing() {
     let root = tempfile::tempdir().unwrap();

@@ -196,7 +196,8 @@ fn run_case(case: u64, tally: &mut Tally) {
     let context = format!(
         "case {case} (seed {seed}): {join_type} {lshape:?}x{rshape:?} left={ln} right={rn} domain={domain} wide={wide} fixed_width={fixed_width} \
          {null_equality:?} filter={filter} statistics={statistics} limit={limit} batch={batch_size} input_rows={input_rows} threads={threads} bits={bits} force={force} force_depth={force_depth} hot_split={hot_split:?}\n\
-         replay: SPILLJOIN_HARNESS_CASE={case} cargo test --release --test spill_harness"
+         replay: {}SPILLJOIN_HARNESS_CASE={case} cargo test --release --test spill_harness",
+        seed_prefix()
     );
     let expected = reference_join(&left, &right, &[(0, 0)], join_type, filter, null_equality);
 
@@ -324,7 +325,8 @@ fn watchdog() -> Arc<AtomicU64> {
                 let _ = writeln!(
                     std::io::stderr(),
                     "case {case} still running after {CASE_TIMEOUT:?}: a hang\n\
-                     replay: SPILLJOIN_HARNESS_CASE={case} cargo test --release --test spill_harness"
+                     replay: {}SPILLJOIN_HARNESS_CASE={case} cargo test --release --test spill_harness",
+                    seed_prefix()
                 );
                 std::process::exit(101);
             }

@@ -456,6 +456,14 @@ pub fn rendered_rows(batches: &[RecordBatch]) -> Vec<String> {
     out
 }
 
+/// `SPILLJOIN_SEED=N ` when that variable is set (else nothing): the start of a
+/// replay command, so that a case of a run with another seed replays as it ran.
+pub fn seed_prefix() -> String {
+    std::env::var("SPILLJOIN_SEED")
+        .map(|s| format!("SPILLJOIN_SEED={s} "))
+        .unwrap_or_default()
+}
+
 /// A seeded rng; the seed comes from `SPILLJOIN_SEED` when set.
 pub fn rng_for(case: u64) -> (u64, StdRng) {
     let base: u64 = std::env::var("SPILLJOIN_SEED")

@@ -335,3 +335,72 @@ fn build_side_existence_joins_spill_a_run_of_equal_probe_keys_once() {
         "{m:?}"
     );
 }
+
+/// NULL keys that can never match do not pile into one partition: a build side
+/// whose keys are all NULL, several times the limit, is kept aside (a build-
+/// preserving join outputs it at the end) or dropped (inner) without being
+/// partitioned, so nothing repartitions or falls back. With nulls equal to nulls
+/// the same rows are one ordinary key: they are partitioned, their partition spills,
+/// and its pair is joined building on its 10 probe rows.
+#[test]
+fn null_keys_that_never_match_are_not_partitioned() {
+    use spilljoin::memory::{GreedyMemoryPool, MemoryPool};
+    use spilljoin::NullEquality;
+    let build_rows = 200_000;
+    let nulls = |prefix: &str, rows: usize, null_every: usize| -> Vec<_> {
+        (0..rows)
+            .step_by(8192)
+            .map(|start| {
+                let range = start..(start + 8192).min(rows);
+                let a: Int64Array = range
+                    .clone()
+                    .map(|i| (i % null_every != 0).then_some(i as i64))
+                    .collect();
+                let b: Int64Array = range.map(|i| i as i64).collect();
+                Ok(RecordBatch::try_from_iter(vec![
+                    (format!("{prefix}a"), Arc::new(a) as ArrayRef),
+                    (format!("{prefix}b"), Arc::new(b) as ArrayRef),
+                ])
+                .unwrap())
+            })
+            .collect()
+    };
+    // 3.2 MB of build rows, every key NULL, under 1 MiB; 20 000 probe rows of which
+    // every 2000th has a NULL key.
+    let run = |join_type: JoinType, null_equality: NullEquality| {
+        let pool: Arc<dyn MemoryPool> = Arc::new(GreedyMemoryPool::new(1 << 20));
+        let result = drain(
+            nulls("l", 20_000, 2000),
+            nulls("r", build_rows, 1),
+            ("la", "ra"),
+            |b| {
+                b.with_join_type(join_type)
+                    .with_null_equality(null_equality)
+                    .with_memory_pool(Arc::clone(&pool))
+                    .with_force_spill(0.0)
+                    .with_threads(2)
+            },
+        );
+        assert_eq!(pool.reserved(), 0);
+        result
+    };
+    // The right input builds: `right` keeps its rows, `inner` drops them.
+    let (rows, m) = run(JoinType::Right, NullEquality::NullEqualsNothing);
+    assert_eq!(rows, build_rows, "{m:?}");
+    assert_eq!(
+        (m.partitions_spilled, m.max_depth, m.fallbacks),
+        (0, 0, 0),
+        "{m:?}"
+    );
+    let (rows, m) = run(JoinType::Inner, NullEquality::NullEqualsNothing);
+    assert_eq!(rows, 0, "{m:?}");
+    assert_eq!(
+        (m.build_rows_spilled, m.partitions_spilled),
+        (0, 0),
+        "{m:?}"
+    );
+    // Nulls equal: every build row meets each of the 10 NULL probe rows.
+    let (rows, m) = run(JoinType::Inner, NullEquality::NullEqualsNull);
+    assert_eq!(rows, build_rows * 10, "{m:?}");
+    assert!(m.partitions_spilled > 0 && m.swapped_pairs > 0, "{m:?}");
+}

@@ -36,7 +36,7 @@ use std::time::Instant;
 use std::sync::Arc;
 
 use arrow_array::{BooleanArray, RecordBatch, RecordBatchOptions, UInt32Array};
-use arrow_buffer::ScalarBuffer;
+use arrow_buffer::{BooleanBufferBuilder, ScalarBuffer};
 use arrow_schema::{ArrowError, SchemaRef};
 use crossbeam::channel::Sender;
 use spilljoin_memory::{
@@ -1008,17 +1008,13 @@ fn chunked(
         .with_can_spill(true)
         .register(&plan.pool);
     let probe_rows = probe_file.map_or(0, |f| f.rows()) as usize;
-    // Per probe row of the file: matched in some chunk?
+    // Per probe row of the file: matched in some chunk? One bit a row.
     let mut matched_bits = consumer.new_empty();
     let tracks_probe = resolved.tracks_matched_probe_rows();
-    if tracks_probe {
-        matched_bits.try_grow(probe_rows)?; // one bool per row
-    }
-    let mut matched = if tracks_probe {
-        vec![false; probe_rows]
-    } else {
-        Vec::new()
-    };
+    let tracked_rows = if tracks_probe { probe_rows } else { 0 };
+    matched_bits.try_grow(tracked_rows.div_ceil(8))?;
+    let mut matched = BooleanBufferBuilder::new(tracked_rows);
+    matched.append_n(tracked_rows, false);
     let mut build = file_input(build_file)?;
     let mut pending: Option<RecordBatch> = None;
     let mut sink = ctx.sink();
@@ -1094,11 +1090,11 @@ fn chunked(
                         .matched()
                         .iter()
                         .enumerate()
-                        .filter(|&(r, &m)| m && !matched[offset + r])
+                        .filter(|&(r, &m)| m && !matched.get_bit(offset + r))
                         .map(|(r, _)| r as u32)
                         .collect();
                     for &r in &newly {
-                        matched[offset + r as usize] = true;
+                        matched.set_bit(offset + r as usize, true);
                     }
                     if resolved == BuildJoinType::ProbeSemi && !newly.is_empty() {
                         let rows = UInt32Array::from(newly);
@@ -1116,6 +1112,7 @@ fn chunked(
         emit_build_rows(plan, &built, &state, 0, None, &mut sink)?;
     }
     // Probe rows decided only now that every chunk has been seen.
+    let matched = matched.finish();
     if tracks_probe && resolved != BuildJoinType::ProbeSemi {
         if let Some(file) = probe_file {
             let mut offset = 0usize;
@@ -1128,12 +1125,13 @@ fn chunked(
                     batch
                 };
                 let n = batch.num_rows();
-                let seen = matched.get(offset..offset + n).ok_or_else(|| {
-                    JoinError::InvalidJoin(format!(
+                if offset + n > matched.len() {
+                    return Err(JoinError::InvalidJoin(format!(
                         "internal: probe spill file {} holds more rows than it said",
                         file.path().display()
-                    ))
-                })?;
+                    )));
+                }
+                let seen = matched.slice(offset, n);
                 offset += n;
                 let out = if resolved == BuildJoinType::ProbeMark {
                     let all = UInt32Array::from_iter_values(0..n as u32);
@@ -1141,10 +1139,10 @@ fn chunked(
                         n,
                         Some((&batch, &all)),
                         None,
-                        Some(&BooleanArray::from(seen.to_vec())),
+                        Some(&BooleanArray::new(seen, None)),
                     )?
                 } else {
-                    let rows = crate::batches::select_rows(0..n as u32, |r| !seen[r]);
+                    let rows = crate::batches::select_rows(0..n as u32, |r| !seen.value(r));
                     plan.output
                         .gather(rows.len(), Some((&batch, &rows)), None, None)?
                 };

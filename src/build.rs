@@ -1554,7 +1554,8 @@ where
 /// (SF10 orders at a 50% limit read in 64Ki-row batches: peak RSS 306–322 → 253–262
 /// MB).
 /// Returns the piece's rows and the bytes a piece may take; a piece of more rows than
-/// `work_rows` that takes more (wide rows bunched together) is cut to `work_rows`.
+/// [`JoinPlan::piece_rows`] that takes more (wide rows bunched together) is cut to
+/// that many rows.
 fn build_piece_size(plan: &JoinPlan, batch: &RecordBatch) -> (usize, usize) {
     let rows = batch.num_rows();
     let max_bytes = plan.piece_bytes();

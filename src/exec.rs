@@ -18,15 +18,16 @@
 //!          otherwise ─► chunked
 //! ```
 //!
-//! Recursion writes each spilled byte once per level. Its depth is bounded by
-//! the plan's depth (at most [`MAX_DEPTH`], `with_max_depth`) and by the hash bits ([`crate::partition::MAX_TOTAL_PARTITION_BITS`]);
-//! a partition that does not split (one key holds most of its rows) goes to the
-//! fallback. Chunked, the build file is read in chunks that fit, each chunk is joined
-//! with the whole probe file, and per-probe-row match bits carry outer, anti, semi and
-//! mark semantics across chunks: a block nested loop with a hash table per block. When
-//! the probe file is large, the dominant key is split off first, so that only its own
-//! probe rows are read once per chunk — what a sort-merge join's grouping of equal keys
-//! would buy, for one rewrite of each file instead of an external sort of both.
+//! Recursion writes each spilled byte once per level. Its depth is bounded by the
+//! plan's (`with_max_depth`, at most [`MAX_DEPTH`]) and by the hash bits
+//! ([`crate::partition::MAX_TOTAL_PARTITION_BITS`]); a partition that does not split
+//! (one key holds most of its rows) goes to the fallback. Chunked, the build file is
+//! read in chunks that fit, each chunk is joined with the whole probe file, and
+//! per-probe-row match bits carry outer, anti, semi and mark semantics across chunks:
+//! a block nested loop with a hash table per block. When the probe file is large, the
+//! dominant key is split off first, so that only its own probe rows are read once per
+//! chunk — what a sort-merge join's grouping of equal keys would buy, for one rewrite
+//! of each file instead of an external sort of both.
 
 use std::num::NonZeroUsize;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -361,10 +362,13 @@ where
     }
     ctx.note_peak();
 
-    let (facts, probe_files) = probe_level(ctx, level, &built, probe, facts)?;
+    let (facts, probe_files, probe_rows) = probe_level(ctx, level, &built, probe, facts)?;
 
     // Release this level's tables before joining what it spilled.
-    let level_rows = built.num_rows;
+    let level_rows = LevelRows {
+        build: built.num_rows,
+        probe: probe_rows,
+    };
     let spilled = release_level(built);
     let start = Instant::now();
     if level.depth == 0 {
@@ -388,7 +392,7 @@ pub(crate) fn probe_level<P>(
     built: &BuiltSide,
     probe: Vec<P>,
     facts: Facts,
-) -> Result<(Facts, Vec<Option<SpillFile>>)>
+) -> Result<(Facts, Vec<Option<SpillFile>>, u64)>
 where
     P: Iterator<Item = Result<RecordBatch, ArrowError>> + Send,
 {
@@ -396,7 +400,7 @@ where
     let start = Instant::now();
     let consumer = MemoryConsumer::new("spilljoin probe").register(&plan.pool);
     let state = ProbeState::new(ctx, level, built, consumer.new_empty(), facts)?;
-    probe_phase(ctx, level, built, &state, &consumer, probe)?;
+    let probe_rows = probe_phase(ctx, level, built, &state, &consumer, probe)?;
     let facts = state.facts();
     if plan.resolved.emits_build_rows_at_end() {
         emit_build_phase(ctx, built, &state, facts)?;
@@ -407,10 +411,10 @@ where
             .store(start.elapsed().as_nanos() as u64, Ordering::Relaxed);
     }
     let probe_files = state.finish_spills(ctx)?;
-    Ok((facts, probe_files))
+    Ok((facts, probe_files, probe_rows))
 }
 
-/// Streams the probe input past `built` on every worker.
+/// Streams the probe input past `built` on every worker; returns the rows read.
 fn probe_phase<P>(
     ctx: &Ctx<'_>,
     level: Level,
@@ -418,12 +422,13 @@ fn probe_phase<P>(
     state: &ProbeState,
     consumer: &MemoryReservation,
     probe: Vec<P>,
-) -> Result<()>
+) -> Result<u64>
 where
     P: Iterator<Item = Result<RecordBatch, ArrowError>> + Send,
 {
     let plan = ctx.plan;
     let probe_input = InputStreams::new(probe);
+    let rows = AtomicU64::new(0);
     run_workers(plan.threads, ctx.cancel, || {
         let mut current = None;
         let mut reservation = consumer.new_empty();
@@ -443,6 +448,7 @@ where
                 Some(item) => item.map_err(|e| ctx.input_error(plan.probe_side(), e))?,
             };
             let (batch, hashes) = level.split_input(plan, &batch, false)?;
+            rows.fetch_add(batch.num_rows() as u64, Ordering::Relaxed);
             if level.depth == 0 {
                 ctx.metrics
                     .probe_rows
@@ -457,7 +463,8 @@ where
             ctx.note_peak();
         }
         ctx.finish_sink(&mut sink)
-    })
+    })?;
+    Ok(rows.into_inner())
 }
 
 /// The batches of build rows a worker outputs at a time after the probe
@@ -562,7 +569,7 @@ const MIN_PAIR_SHARE: usize = 4 << 20;
 fn join_spilled_pairs(
     ctx: &Ctx<'_>,
     level: Level,
-    level_rows: u64,
+    level_rows: LevelRows,
     spilled: Vec<(usize, SpillFile)>,
     mut probe_files: Vec<Option<SpillFile>>,
     facts: Facts,
@@ -609,7 +616,7 @@ fn join_spilled_pairs(
 fn join_pairs_side_by_side(
     ctx: &Ctx<'_>,
     level: Level,
-    level_rows: u64,
+    level_rows: LevelRows,
     pairs: Vec<Pair>,
     share: Option<usize>,
     facts: Facts,
@@ -667,12 +674,23 @@ fn join_pairs_side_by_side(
     Ok(())
 }
 
+/// The rows a level partitioned on each side: a spilled pair of it that kept nearly
+/// all of its side's rows did not split ([`join_pair`]). A pair that swaps roles is
+/// measured against the level's probe rows, not its build rows (a swapped pair's
+/// narrow probe rows once counted against the few wide build rows of its level, and
+/// went to the fallback for no reason).
+#[derive(Debug, Clone, Copy)]
+struct LevelRows {
+    build: u64,
+    probe: u64,
+}
+
 /// Joins one spilled pair, building on its probe file instead when that is smaller
 /// and the plan has a mirror.
 fn join_either_way(
     ctx: &Ctx<'_>,
     level: Level,
-    level_rows: u64,
+    level_rows: LevelRows,
     build_file: SpillFile,
     probe_file: Option<SpillFile>,
     facts: Facts,
@@ -692,7 +710,7 @@ fn join_either_way(
             join_pair(
                 &swapped,
                 level,
-                level_rows,
+                level_rows.probe,
                 &probe_file,
                 Some(&build_file),
                 facts,
@@ -701,7 +719,7 @@ fn join_either_way(
         (_, probe_file) => join_pair(
             ctx,
             level,
-            level_rows,
+            level_rows.build,
             &build_file,
             probe_file.as_ref(),
             facts,
@@ -1213,8 +1231,11 @@ where
         .build_rows
         .store(built.num_rows, Ordering::Relaxed);
     ctx.metrics.set_phase(JoinPhase::Probe);
-    let (facts, probe_files) = probe_level(ctx, level, built, probe, Facts::default())?;
-    let level_rows = built.num_rows;
+    let (facts, probe_files, probe_rows) = probe_level(ctx, level, built, probe, Facts::default())?;
+    let level_rows = LevelRows {
+        build: built.num_rows,
+        probe: probe_rows,
+    };
     let spilled = prepared.spilled_files();
     drop(prepared);
     let start = Instant::now();

@@ -1052,6 +1052,26 @@ mod tests {
     const MIB: usize = 1 << 20;
 
     #[test]
+    fn a_max_depth_beyond_the_hash_bits_is_refused() {
+        let schema = Arc::new(arrow_schema::Schema::new(vec![arrow_schema::Field::new(
+            "k",
+            arrow_schema::DataType::Int64,
+            true,
+        )]));
+        let join = |depth| {
+            HashJoinBuilder::new(Arc::clone(&schema), Arc::clone(&schema), [("k", "k")])
+                .with_max_depth(depth)
+                .build()
+        };
+        assert_eq!(join(0).map(|j| j.max_depth()).ok(), Some(0));
+        assert_eq!(join(MAX_DEPTH).map(|j| j.max_depth()).ok(), Some(MAX_DEPTH));
+        assert!(matches!(
+            join(MAX_DEPTH + 1),
+            Err(JoinError::InvalidJoin(_))
+        ));
+    }
+
+    #[test]
     fn partitions_are_as_many_as_one_level_needs_while_they_can_be_buffered() {
         // SF1 orders (34.7 MiB in memory) under 50%, 25%, 10%, 5% and 2.5%.
         let build = Some(36_375_008);

@@ -266,3 +266,37 @@ fn random_dominant_key_splits_match_the_reference() {
         "only {splits} of {cases} cases split a hot key off"
     );
 }
+
+/// A spilled pair that swaps roles (its probe file is the smaller) is measured
+/// against its level's probe rows, not its build rows: narrow probe rows, many of
+/// them, once counted against the few wide build rows of their level, looked like a
+/// pair that did not split, and went to the fallback for no reason.
+#[test]
+fn a_swapped_pair_is_not_taken_for_one_that_did_not_split() {
+    // Build: 250 rows of about 3 KiB. Probe: 50 000 rows of key 7 (so that level 0's
+    // probe file is the larger, and does not swap) and 16 rows of every key.
+    let build = side("r", (0..250).map(Some), 3000);
+    let probe = side(
+        "l",
+        std::iter::repeat_n(Some(7), 50_000).chain((0..4000).map(|i| Some(i % 250))),
+        12,
+    );
+    let m = check_join(
+        &probe,
+        &build,
+        JoinType::Inner,
+        false,
+        NullEquality::NullEqualsNothing,
+        256 << 10,
+        1000,
+        |b| {
+            b.with_swap_spilled_pairs(true)
+                .with_partition_bits(0)
+                .with_threads(1)
+                .with_force_spill(0.0)
+        },
+        "swapped pairs",
+    );
+    assert!(m.max_depth >= 1 && m.swapped_pairs > 0, "{m:?}");
+    assert_eq!(m.fallbacks, 0, "{m:?}");
+}

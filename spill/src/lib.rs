@@ -127,6 +127,7 @@
 
 #![warn(missing_docs)]
 
+mod compact;
 mod config;
 mod error;
 mod file;

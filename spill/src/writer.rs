@@ -368,6 +368,13 @@ impl SpillWriter {
             Some(halved) => crate::narrow::segment_schema(&self.file_schema, halved),
             None => Arc::clone(&self.segment_schema),
         };
+        // View columns holding mostly other rows' bytes are cut to their own first
+        // (see the `compact` module): a file's bytes are bounded by its rows'.
+        let compacted = crate::compact::compact(batch).map_err(|source| SpillError::Arrow {
+            path: self.path.clone(),
+            source,
+        })?;
+        let batch = compacted.as_ref().unwrap_or(batch);
         let converted;
         // Written as it is only if it is in the segment's schema already (a batch of
         // the writer's schema is when nothing narrows).

@@ -54,18 +54,41 @@ pub(crate) fn select_from(
 }
 
 /// Bytes of a batch, as the pool counts them: the bytes its rows use, so that a slice
-/// of a large batch counts as its share, not as the whole.
+/// of a large batch counts as its share, not as the whole. A view column's rows use
+/// their views and the bytes of theirs kept outside them (arrow's slice size counts
+/// the views alone).
 pub(crate) fn batch_bytes(batch: &RecordBatch) -> usize {
     batch
         .columns()
         .iter()
         .map(|c| {
-            c.to_data()
-                .get_slice_memory_size()
+            let data = c.to_data();
+            let views = match c.data_type() {
+                DataType::Utf8View | DataType::BinaryView => view_data_bytes(&data),
+                _ => 0,
+            };
+            data.get_slice_memory_size()
                 .unwrap_or_else(|_| c.get_array_memory_size())
+                + views
         })
         .sum::<usize>()
         + batch.num_columns() * 64
+}
+
+/// The bytes of a view array's rows kept outside their views.
+fn view_data_bytes(data: &arrow_data::ArrayData) -> usize {
+    let views = data
+        .buffers()
+        .first()
+        .map_or(&[][..], |b| b.typed_data::<u128>());
+    let start = data.offset().min(views.len());
+    let end = (data.offset() + data.len()).min(views.len());
+    views[start..end]
+        .iter()
+        .map(|&v| v as u32)
+        .filter(|&len| len > arrow_data::MAX_INLINE_VIEW_LEN)
+        .map(|len| len as usize)
+        .sum()
 }
 
 /// The schema of spill files of an input: its columns and [`HASH_COLUMN`].

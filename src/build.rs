@@ -46,7 +46,7 @@ use crate::bloom::Bloom;
 use crate::bounds::{BoundsAccumulator, KeyBounds};
 use crate::error::{JoinError, Result};
 use crate::exec::{Ctx, Level, LevelFiles};
-use crate::gather::{fixed_widths, FixedRows};
+use crate::gather::{fixed_widths, gatherable, GatherBuffer, Growth};
 use crate::hash::hash_keys;
 use crate::join::InputStreams;
 use crate::keys::KeyRepr;
@@ -120,7 +120,8 @@ pub(crate) struct PartitionBuffer {
     /// partition is spilled).
     fragments: Vec<(RecordBatch, Vec<u64>)>,
     /// Buffered rows gathered in the spill schema (with the hash column where spill
-    /// files keep it), instead of fragments, when every column has a fixed width.
+    /// files keep it), instead of fragments, when every column can be gathered
+    /// ([`gatherable`]: not nested).
     /// Locked apart from the collector ([`Gathered`]), so that a worker copies rows in
     /// while others use the collector.
     gathered: Gathered,
@@ -144,7 +145,7 @@ pub(crate) struct PartitionBuffer {
 /// finds all of a worker's accounted rows copied in, or none. The copies were made
 /// under the collector's lock before: at SF10 orders' 25% limit its two workers
 /// waited for it 0.16–0.18 s of a 0.52 s build.
-type Gathered = Arc<Mutex<Option<FixedRows>>>;
+type Gathered = Arc<Mutex<Option<GatherBuffer>>>;
 
 /// How long a build worker waiting for a write to end sleeps before it looks again
 /// whether the join was cancelled ([`BuildCollector::wait_for_a_write`]).
@@ -333,15 +334,19 @@ pub(crate) struct BuildCollector<'a> {
     largest_batch_bytes: AtomicUsize,
     /// Key bounds, when the level keeps them.
     bounds: Mutex<BoundsAccumulator>,
-    /// The spill schema's column widths when they are all fixed: partitions gather
-    /// their rows in place (`PartitionBuffer::gathered`) instead of keeping fragments.
+    /// The spill schema's column widths when they are all fixed (what a row is
+    /// known to take from its count).
     widths: Option<Vec<usize>>,
-    /// The spill files' wide schema ([`spilljoin_spill::file_schema`]) and its widths
-    /// (`None` unless all are fixed and some column may halve): a spilled partition
-    /// gathers its rows in it, halved where they fit ([`FixedRows::halving`]), since
-    /// they are only ever written.
+    /// Whether every column of the spill schema can be gathered ([`gatherable`]):
+    /// partitions gather their rows in place (`PartitionBuffer::gathered`) instead
+    /// of keeping fragments.
+    gathers: bool,
+    /// The spill files' wide schema ([`spilljoin_spill::file_schema`]), and whether
+    /// spilled partitions gather in it (some column may halve): a spilled partition
+    /// gathers its rows in it, halved where they fit ([`GatherBuffer::halving`]),
+    /// since they are only ever written.
     file_schema: SchemaRef,
-    file_widths: Option<Vec<usize>>,
+    file_halves: bool,
     /// Per column of the file schema: `Int64`, so gathered as `Int32` when a batch's
     /// values fit.
     halvable: Vec<bool>,
@@ -464,11 +469,11 @@ impl<'a> BuildCollector<'a> {
             written: Condvar::new(),
             spill_schema: ctx.plan.spill_schema(true),
             widths,
+            gathers: gatherable(&ctx.plan.spill_schema(true)),
             blooms,
-            // (None when no column can halve: spilled partitions keep gathering
-            // in the spill schema.)
-            file_widths: fixed_widths(&file_schema)
-                .filter(|_| crate::gather::halvable(&file_schema).contains(&true)),
+            // (When no column can halve, spilled partitions keep gathering in the
+            // spill schema.)
+            file_halves: crate::gather::halvable(&file_schema).contains(&true),
             halvable: crate::gather::halvable(&file_schema),
             file_schema,
             word_bounds: Mutex::new(None),
@@ -775,8 +780,11 @@ impl<'a> BuildCollector<'a> {
             } else {
                 batch_size
             };
-            for slice in slices(&batch, slice_rows) {
-                write(&slice)?;
+            // (Each slice's view data cut to its rows': a file writes every buffer
+            // an array has.)
+            for start in (0..batch.num_rows()).step_by(slice_rows.max(1)) {
+                let len = slice_rows.max(1).min(batch.num_rows() - start);
+                write(&crate::gather::slice_batch(&batch, start, len)?)?;
             }
         }
         let mut transient = self.base.new_empty();
@@ -926,7 +934,21 @@ impl<'a> BuildCollector<'a> {
                 None => return Ok(()),
                 Some(item) => item.map_err(|e| ctx.input_error(plan.build_side, e))?,
             };
-            let (batch, stored_hashes) = self.level.split_input(plan, &batch, true)?;
+            self.collect_input(&batch, num_rows, has_null_key, &mut scratch)?;
+        }
+    }
+
+    /// Collects one input batch, in pieces.
+    fn collect_input(
+        &self,
+        batch: &RecordBatch,
+        num_rows: &AtomicU64,
+        has_null_key: &AtomicBool,
+        scratch: &mut CollectScratch,
+    ) -> Result<()> {
+        let (plan, ctx) = (self.plan(), self.ctx);
+        {
+            let (batch, stored_hashes) = self.level.split_input(plan, batch, true)?;
             num_rows.fetch_add(batch.num_rows() as u64, Ordering::Relaxed);
             if self.level.depth == 0 {
                 ctx.metrics
@@ -940,13 +962,14 @@ impl<'a> BuildCollector<'a> {
                 let work_rows = plan.piece_rows(&piece);
                 if piece.num_rows() > work_rows && batch_bytes(&piece) > piece_bytes {
                     for (small, hashes) in pieces(&piece, hashes.as_ref(), work_rows) {
-                        self.collect_batch(&small, hashes.as_deref(), has_null_key, &mut scratch)?;
+                        self.collect_batch(&small, hashes.as_deref(), has_null_key, scratch)?;
                     }
                 } else {
-                    self.collect_batch(&piece, hashes.as_deref(), has_null_key, &mut scratch)?;
+                    self.collect_batch(&piece, hashes.as_deref(), has_null_key, scratch)?;
                 }
             }
         }
+        Ok(())
     }
 
     /// Hashes, partitions and buffers one batch of at most the batch size.
@@ -1022,8 +1045,8 @@ impl<'a> BuildCollector<'a> {
             nulls.as_ref().filter(|_| plan.nulls_never_match()),
         );
         let keep_hashes = plan.spills_hashes();
-        if self.widths.is_some() {
-            // Every column has a fixed width: each partition gathers its rows in
+        if self.gathers {
+            // Every column can be gathered: each partition gathers its rows in
             // place, copied once.
             let data: Vec<ArrayData> = batch.columns().iter().map(|c| c.to_data()).collect();
             // Which columns spilled partitions may gather 32 bits wide (one pass each,
@@ -1082,13 +1105,10 @@ impl<'a> BuildCollector<'a> {
         hashes: &[u64],
         pending: &mut MemoryReservation,
     ) -> Result<()> {
-        let Some(widths) = self.widths.as_deref() else {
-            return Err(JoinError::InvalidJoin(
-                "internal: gathering rows of variable width".into(),
-            ));
-        };
         // The spill schema's hash column, where it has one.
         let hash_column = self.plan().spills_hashes().then_some(hashes);
+        // What the rows add beyond their fixed widths, measured with no lock held.
+        let added = Growth::of(columns, rows);
         let fan_out = self.level.bits.fan_out();
         loop {
             let short = {
@@ -1098,36 +1118,38 @@ impl<'a> BuildCollector<'a> {
                 let spilled = part.writer.is_some();
                 let cell = Arc::clone(&part.gathered);
                 let mut gathered = lock(&cell);
-                if spilled && gathered.as_ref().is_some_and(|g| !g.admits(fits)) {
-                    // Gathered 32 bits wide where these rows do not fit: written first.
+                // (A partition in memory is one batch: rows that its offsets or a
+                // dictionary's keys cannot address are an error as they are appended.)
+                if spilled && gathered.as_ref().is_some_and(|g| !g.admits(fits, &added)) {
+                    // Gathered 32 bits wide where these rows do not fit (or a
+                    // dictionary's keys or offsets would overflow): written first.
                     drop(gathered);
                     self.write_out(guard, p)?;
                     continue;
                 }
                 // Once spilled (and emptied), a partition gathers in its files' schema.
-                let file_widths = self.file_widths.as_deref().filter(|_| spilled);
-                if let Some(file_widths) = file_widths {
-                    if gathered
+                if self.file_halves
+                    && spilled
+                    && gathered
                         .as_ref()
                         .is_none_or(|g| g.len() == 0 && !g.is_halving())
-                    {
-                        *gathered = Some(FixedRows::halving(
-                            Arc::clone(&self.file_schema),
-                            file_widths,
-                        ));
-                    }
+                {
+                    *gathered = Some(GatherBuffer::halving(Arc::clone(&self.file_schema))?);
                 }
-                let gathered_rows = gathered.get_or_insert_with(|| {
-                    let mut rows = FixedRows::new(Arc::clone(&self.spill_schema), widths);
-                    // One partition of a build whose rows are known: allocated once
-                    // (until it spills, `spill_partition`).
-                    if let Some(all) = self.level.build_rows.filter(|_| fan_out == 1) {
-                        rows.expect_rows(usize::try_from(all).unwrap_or(usize::MAX));
+                let gathered_rows = match gathered.as_mut() {
+                    Some(g) => g,
+                    None => {
+                        let mut rows = GatherBuffer::new(Arc::clone(&self.spill_schema))?;
+                        // One partition of a build whose rows are known: allocated
+                        // once (until it spills, `spill_partition`).
+                        if let Some(all) = self.level.build_rows.filter(|_| fan_out == 1) {
+                            rows.expect_rows(usize::try_from(all).unwrap_or(usize::MAX));
+                        }
+                        gathered.insert(rows)
                     }
-                    rows
-                });
+                };
                 gathered_rows.shape_for(fits);
-                let after = gathered_rows.capacity_after(rows.len());
+                let after = gathered_rows.capacity_after(&added);
                 let growth = after.saturating_sub(part.bytes);
                 let held = pending.size().min(growth);
                 if held == growth || state.reservation.try_grow(growth - held).is_ok() {
@@ -1138,15 +1160,16 @@ impl<'a> BuildCollector<'a> {
                     part.total_rows += rows.len() as u64;
                     // A spilled partition's filter has these rows' hashes added below.
                     let bloom = part.writer.is_some().then(|| Arc::clone(&part.bloom));
-                    // A spilled partition writes its rows a batch at a time, without
-                    // the collector's lock held.
-                    // (By bytes: a buffer gathered 32 bits wide holds more rows.)
-                    let full = part.writer.is_some()
-                        && part.rows >= gathered_rows.rows_in_bytes_of(self.plan().work_rows);
+                    let spilled = part.writer.is_some();
                     // The rows are counted: copy them in with only the partition's
                     // gathered rows locked.
                     drop(guard);
                     gathered_rows.append(columns, rows, hash_column)?;
+                    // A spilled partition writes its rows a batch at a time, without
+                    // the collector's lock held: a work batch's fixed bytes (a buffer
+                    // gathered 32 bits wide holds more rows), or a piece's bytes.
+                    let plan = self.plan();
+                    let full = spilled && gathered_rows.is_full(plan.work_rows, plan.piece_bytes());
                     drop(gathered);
                     if let Some(bloom) = bloom.as_deref() {
                         if let Some(bloom) = lock(bloom).as_mut() {
@@ -1176,7 +1199,9 @@ impl<'a> BuildCollector<'a> {
         let before = reservation.size();
         let estimate = batch_bytes_total * rows.len() / batch.num_rows().max(1) + 64;
         self.reserve(reservation, estimate)?;
-        let taken = take_record_batch(batch, rows)?;
+        // (Compacted: a take of a nested column of views or dictionaries shares its
+        // input's buffers, which would be held, and written, whole.)
+        let taken = crate::output::owned_batch(take_record_batch(batch, rows)?)?;
         let actual = batch_bytes(&taken);
         if actual > estimate {
             self.reserve(reservation, actual - estimate)?;
@@ -1662,7 +1687,7 @@ pub(crate) fn finish_partition(
         // Gathered in place: the buffers become the batch, uncopied; a hash column,
         // if any, is split off.
         Some(mut gathered) if gathered.len() > 0 => {
-            gathered_bytes = Some(gathered.capacity_after(0));
+            gathered_bytes = Some(gathered.held());
             let batch = gathered.finish()?;
             if plan.spills_hashes() {
                 let hashes = hash_column(&batch)?.clone();

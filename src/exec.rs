@@ -39,7 +39,6 @@ use std::sync::Arc;
 use arrow_array::{BooleanArray, RecordBatch, RecordBatchOptions, UInt32Array};
 use arrow_buffer::{BooleanBufferBuilder, ScalarBuffer};
 use arrow_schema::{ArrowError, SchemaRef};
-use crossbeam::channel::Sender;
 use spilljoin_memory::{
     GreedyMemoryPool, MemoryConsumer, MemoryLimit, MemoryPool, MemoryReservation,
     TrackConsumersPool,
@@ -207,7 +206,7 @@ impl LevelFiles {
 pub(crate) struct Ctx<'a> {
     pub plan: &'a JoinPlan,
     pub spill: SpillManager,
-    pub sender: &'a Sender<Result<RecordBatch>>,
+    pub sender: &'a crate::channel::OutputChannel,
     pub cancel: &'a AtomicBool,
     pub metrics: &'a SharedMetrics,
     /// Whether output batches must own all their buffers (a prepared build's are
@@ -236,6 +235,7 @@ impl Ctx<'_> {
         OutputSink::new(
             self.plan.output.schema.clone(),
             self.plan.batch_size,
+            self.plan.piece_bytes(),
             self.sender.clone(),
         )
         .with_owned_buffers(self.owned_output)
@@ -447,24 +447,50 @@ where
                 None => break,
                 Some(item) => item.map_err(|e| ctx.input_error(plan.probe_side(), e))?,
             };
-            let (batch, hashes) = level.split_input(plan, &batch, false)?;
-            rows.fetch_add(batch.num_rows() as u64, Ordering::Relaxed);
-            if level.depth == 0 {
-                ctx.metrics
-                    .probe_rows
-                    .fetch_add(batch.num_rows() as u64, Ordering::Relaxed);
-            }
-            for (piece, hashes) in pieces(&batch, hashes.as_ref(), plan.piece_rows(&batch)) {
-                let bytes = batch_bytes(&piece);
-                state.reserve(ctx, &mut reservation, bytes)?;
-                prober.probe(&piece, hashes.as_deref(), &mut sink)?;
-                reservation.shrink(bytes);
-            }
+            // As much memory as the batch holds, while it is probed in pieces
+            // (slices of it).
+            probe_input_batch(
+                ctx,
+                level,
+                &batch,
+                &rows,
+                (state, &mut reservation),
+                &mut prober,
+                &mut sink,
+            )?;
             ctx.note_peak();
         }
         ctx.finish_sink(&mut sink)
     })?;
     Ok(rows.into_inner())
+}
+
+/// Probes one input batch, in pieces; counts its rows into `rows`.
+fn probe_input_batch(
+    ctx: &Ctx<'_>,
+    level: Level,
+    batch: &RecordBatch,
+    rows: &AtomicU64,
+    (state, reservation): (&ProbeState, &mut MemoryReservation),
+    prober: &mut Prober<'_>,
+    sink: &mut OutputSink,
+) -> Result<()> {
+    let plan = ctx.plan;
+    let (batch, hashes) = level.split_input(plan, batch, false)?;
+    rows.fetch_add(batch.num_rows() as u64, Ordering::Relaxed);
+    if level.depth == 0 {
+        ctx.metrics
+            .probe_rows
+            .fetch_add(batch.num_rows() as u64, Ordering::Relaxed);
+    }
+    // (Each piece reserved while it is probed; the input batch itself is not.)
+    for (piece, hashes) in pieces(&batch, hashes.as_ref(), plan.piece_rows(&batch)) {
+        let bytes = batch_bytes(&piece);
+        state.reserve(ctx, reservation, bytes)?;
+        prober.probe(&piece, hashes.as_deref(), sink)?;
+        reservation.shrink(bytes);
+    }
+    Ok(())
 }
 
 /// The batches of build rows a worker outputs at a time after the probe

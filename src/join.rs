@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use arrow_array::RecordBatch;
 use arrow_schema::{ArrowError, SchemaRef};
-use crossbeam::channel::{bounded, Receiver};
+use crossbeam::channel::Receiver;
 use spilljoin_memory::{MemoryPool, UnboundedMemoryPool};
 use spilljoin_spill::{SpillConfig, SpillManager};
 
@@ -814,8 +814,10 @@ impl HashJoin {
             None => SpillManager::new(SpillConfig::default())?,
         };
         let force = ForceSpill::of(&plan);
-        let (sender, receiver) = bounded(plan.threads * 2);
         let cancel = Arc::new(AtomicBool::new(false));
+        let (sender, receiver) =
+            crate::channel::output_channel(plan.threads * 2, &plan.pool, Arc::clone(&cancel));
+        let gate = Arc::clone(&sender.gate);
         let metrics = Arc::new(SharedMetrics::default());
         let handle = {
             let (cancel, metrics) = (Arc::clone(&cancel), Arc::clone(&metrics));
@@ -843,7 +845,7 @@ impl HashJoin {
                     // After a cancel from a `CancelHandle` the stream ends with the
                     // error; after a drop nobody receives it.
                     if let Err(e) = result {
-                        let _ = sender.send(Err(e));
+                        let _ = sender.sender.send(Err(e));
                     }
                 })
                 .map_err(|source| JoinError::Io {
@@ -855,6 +857,7 @@ impl HashJoin {
             schema: self.schema(),
             pool: Arc::clone(&self.plan.pool),
             receiver: Some(receiver),
+            gate,
             cancel,
             handle: Some(handle),
             metrics,
@@ -965,7 +968,9 @@ impl<I: Iterator<Item = Result<RecordBatch, ArrowError>>> InputStreams<I> {
 pub struct JoinStream {
     schema: SchemaRef,
     pool: Arc<dyn MemoryPool>,
-    receiver: Option<Receiver<Result<RecordBatch>>>,
+    receiver: Option<Receiver<crate::channel::Sent>>,
+    /// Counts the batches in the channel; each is released as it is taken.
+    gate: Arc<crate::channel::OutputGate>,
     cancel: Arc<AtomicBool>,
     handle: Option<JoinHandle<()>>,
     metrics: Arc<SharedMetrics>,
@@ -1006,10 +1011,13 @@ impl JoinStream {
         // Dropping the receiver unblocks workers waiting to send.
         self.receiver = None;
         let handle = self.handle.take()?;
-        handle
+        let panicked = handle
             .join()
             .err()
-            .map(|panic| JoinError::WorkerPanicked(panic_message(&panic)))
+            .map(|panic| JoinError::WorkerPanicked(panic_message(&panic)));
+        // Every worker is done: the batches the channel held are gone with it.
+        self.gate.clear_channel();
+        panicked
     }
 }
 
@@ -1022,7 +1030,10 @@ impl Iterator for JoinStream {
         }
         let received = self.receiver.as_ref()?.recv();
         match received {
-            Ok(Ok(batch)) => Some(Ok(batch)),
+            Ok(Ok((batch, bytes))) => {
+                self.gate.release(bytes);
+                Some(Ok(batch))
+            }
             Ok(Err(e)) => {
                 self.failed = true;
                 self.stop();

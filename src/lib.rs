@@ -34,6 +34,7 @@ mod bloom;
 mod bounds;
 mod build;
 mod cache;
+mod channel;
 mod error;
 mod exec;
 pub mod filter;

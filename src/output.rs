@@ -15,8 +15,8 @@ use arrow_array::{
 use arrow_schema::{DataType, Field, Schema, SchemaRef};
 use arrow_select::coalesce::BatchCoalescer;
 use arrow_select::take::take;
-use crossbeam::channel::Sender;
 
+use crate::channel::OutputChannel;
 use crate::error::{JoinError, Result, Side};
 use crate::join_type::JoinType;
 
@@ -160,24 +160,41 @@ impl OutputLayout {
 }
 
 /// One worker's output: coalesces gathered pieces into full batches and sends them to
-/// the caller.
+/// the caller, every byte of them reserved ([`crate::channel`]): pieces from the
+/// moment they are pushed, batches until the caller takes them.
+///
+/// A batch holds at most `max_batch_bytes` (a piece of the limit): with wide rows
+/// the sink makes batches of fewer rows than the batch size, so that what waits for
+/// the caller stays a small part of the limit.
 pub(crate) struct OutputSink {
     coalescer: BatchCoalescer,
-    batch_size: usize,
-    sender: Sender<Result<RecordBatch>>,
+    schema: SchemaRef,
+    /// Rows a batch gets: the batch size, or fewer for wide rows.
+    target_rows: usize,
+    max_batch_bytes: usize,
+    channel: OutputChannel,
+    /// Bytes reserved for the pieces in the coalescer, and their rows.
+    assembled: usize,
+    assembled_rows: usize,
     rows: u64,
     owned_buffers: bool,
 }
 
 impl OutputSink {
-    pub fn new(schema: SchemaRef, batch_size: usize, sender: Sender<Result<RecordBatch>>) -> Self {
+    pub fn new(
+        schema: SchemaRef,
+        batch_size: usize,
+        max_batch_bytes: usize,
+        channel: OutputChannel,
+    ) -> Self {
         Self {
-            // Pieces of at least half a batch are passed on as they are rather than
-            // copied again (pair output is gathered in slices of a whole batch).
-            coalescer: BatchCoalescer::new(schema, batch_size)
-                .with_biggest_coalesce_batch_size(Some(batch_size / 2)),
-            batch_size,
-            sender,
+            coalescer: coalescer(&schema, batch_size),
+            schema,
+            target_rows: batch_size.max(1),
+            max_batch_bytes: max_batch_bytes.max(1),
+            channel,
+            assembled: 0,
+            assembled_rows: 0,
             rows: 0,
             owned_buffers: false,
         }
@@ -194,10 +211,26 @@ impl OutputSink {
     /// # Errors
     /// [`JoinError::Cancelled`] when the caller dropped the output.
     pub fn push(&mut self, batch: RecordBatch) -> Result<()> {
+        let rows = batch.num_rows();
+        if rows == 0 {
+            return Ok(());
+        }
+        let bytes = crate::batches::batch_bytes(&batch);
+        let fitting = (self.max_batch_bytes / (bytes / rows).max(1)).max(1);
+        if fitting < self.target_rows {
+            // Wide rows: batches of fewer rows from now on.
+            self.coalescer.finish_buffered_batch()?;
+            self.send_completed()?;
+            self.coalescer = coalescer(&self.schema, fitting);
+            self.target_rows = fitting;
+        }
+        self.channel.gate.reserve_assembling(bytes)?;
+        self.assembled += bytes;
+        self.assembled_rows += rows;
         // Larger pieces bypass the coalescer; slice them to the batch size first.
         let mut offset = 0;
-        while offset < batch.num_rows() {
-            let len = self.batch_size.min(batch.num_rows() - offset);
+        while offset < rows {
+            let len = self.target_rows.min(rows - offset);
             self.coalescer.push_batch(batch.slice(offset, len))?;
             self.send_completed()?;
             offset += len;
@@ -208,7 +241,13 @@ impl OutputSink {
     /// Sends what is buffered.
     pub fn finish(&mut self) -> Result<()> {
         self.coalescer.finish_buffered_batch()?;
-        self.send_completed()
+        self.send_completed()?;
+        // What the pieces were reserved for beyond the batches made of them.
+        self.channel
+            .gate
+            .unassemble(std::mem::take(&mut self.assembled));
+        self.assembled_rows = 0;
+        Ok(())
     }
 
     /// Rows sent so far.
@@ -224,12 +263,42 @@ impl OutputSink {
                 batch
             };
             self.rows += batch.num_rows() as u64;
-            self.sender
-                .send(Ok(batch))
+            let bytes = crate::batches::batch_bytes(&batch);
+            // The batch's share of what its pieces were reserved for, by rows: pieces
+            // count more than the batch made of them (each its columns' overhead, a
+            // dictionary's values), and what is left over would stay reserved until
+            // the sink finishes (under a 2.5 MiB limit, 650 KB of pieces of a few
+            // rows each, which starved the probe).
+            let rows = batch.num_rows();
+            let assembled = if rows >= self.assembled_rows {
+                self.assembled
+            } else {
+                self.assembled * rows / self.assembled_rows
+            };
+            self.assembled -= assembled;
+            self.assembled_rows = self.assembled_rows.saturating_sub(rows);
+            self.channel.gate.to_channel(assembled, bytes);
+            self.channel
+                .sender
+                .send(Ok((batch, bytes)))
                 .map_err(|_| JoinError::Cancelled)?;
         }
         Ok(())
     }
+}
+
+impl Drop for OutputSink {
+    fn drop(&mut self) {
+        self.channel.gate.unassemble(self.assembled);
+    }
+}
+
+/// A coalescer into batches of `rows`: pieces of at least half a batch are passed
+/// on as they are rather than copied again (pair output is gathered in slices of a
+/// whole batch).
+fn coalescer(schema: &SchemaRef, rows: usize) -> BatchCoalescer {
+    BatchCoalescer::new(Arc::clone(schema), rows.max(1))
+        .with_biggest_coalesce_batch_size(Some(rows / 2))
 }
 
 /// `batch` with every buffer its own: a gather (`take`) copies values, except the data

@@ -27,7 +27,6 @@ use std::time::Instant;
 use arrow_array::{ArrayRef, BooleanArray, RecordBatch};
 use arrow_buffer::BooleanBufferBuilder;
 use arrow_schema::{ArrowError, DataType, SchemaRef};
-use crossbeam::channel::bounded;
 use spilljoin_spill::{SpillConfig, SpillFile, SpillManager};
 
 use crate::batches::panic_message;
@@ -114,7 +113,8 @@ impl HashJoin {
             None => SpillManager::new(SpillConfig::default())?,
         };
         // The build sends no output; the channel only completes the context.
-        let (sender, _receiver) = bounded(1);
+        let (sender, _receiver) =
+            crate::channel::output_channel(1, &plan.pool, Arc::new(AtomicBool::new(false)));
         let cancel = AtomicBool::new(false);
         let metrics = SharedMetrics::default();
         let ctx = Ctx {

@@ -34,7 +34,7 @@ use crate::bloom::Bloom;
 use crate::build::{BuiltPartition, BuiltSide, Partition, Unmatchable};
 use crate::error::{JoinError, Result};
 use crate::exec::{Ctx, Facts, Level, LevelFiles};
-use crate::gather::{fixed_widths, FixedRows};
+use crate::gather::{gatherable, GatherBuffer, Growth};
 use crate::hash::hash_keys;
 use crate::join_type::BuildJoinType;
 use crate::keys::{KeyEq, KeyRepr, Keys, NullEquality, NullableWordEq, RowsEq, WordEq};
@@ -86,9 +86,9 @@ impl VisitedBits {
 #[derive(Debug)]
 pub(crate) struct ProbeSpill {
     pending: Vec<RecordBatch>,
-    /// Rows gathered straight into their batch, when every column has a fixed width
+    /// Rows gathered straight into their batch, when every column can be gathered
     /// (instead of `pending`).
-    gathered: Option<FixedRows>,
+    gathered: Option<GatherBuffer>,
     rows: usize,
     reservation: MemoryReservation,
 }
@@ -118,10 +118,10 @@ struct Full<'s> {
 
 /// The rows of a [`Full`] buffer.
 enum FullRows {
-    /// Gathered into one batch ([`FixedRows`]).
+    /// Gathered into one batch ([`GatherBuffer`]).
     Gathered(RecordBatch),
-    /// Batches of variable-width columns, concatenated when written if there is
-    /// memory for the copy.
+    /// Batches of nested columns, concatenated when written if there is memory for
+    /// the copy.
     Pending(Vec<RecordBatch>),
 }
 
@@ -230,14 +230,13 @@ pub(crate) struct ProbeState {
     in_flight: InFlight,
     spill_schema: SchemaRef,
     /// The schema its files hold ([`spilljoin_spill::file_schema`]: decimals of at
-    /// most 18 digits as `Int64`), in which fixed-width rows are gathered: narrowed
-    /// once, as they are copied, rather than copied wide and narrowed again by the
-    /// writer.
+    /// most 18 digits as `Int64`), in which rows are gathered: narrowed once, as
+    /// they are copied, rather than copied wide and narrowed again by the writer.
     gather_schema: SchemaRef,
-    /// The gather schema's column widths, when all are fixed ([`crate::gather`]).
-    fixed_widths: Option<Vec<usize>>,
+    /// Whether every column of the gather schema can be gathered ([`crate::gather`]).
+    gathers: bool,
     /// Per column of the gather schema: `Int64`, so gathered as `Int32` when a
-    /// batch's values fit ([`FixedRows::halving`]).
+    /// batch's values fit ([`GatherBuffer::halving`]).
     halvable: Vec<bool>,
     /// Where spilled partitions' probe rows are written.
     files: LevelFiles,
@@ -297,7 +296,7 @@ impl ProbeState {
             in_flight: InFlight::default(),
             spill_schema: plan.spill_schema(false),
             gather_schema: Arc::clone(&gather_schema),
-            fixed_widths: fixed_widths(&gather_schema),
+            gathers: gatherable(&gather_schema),
             halvable: crate::gather::halvable(&gather_schema),
             files: LevelFiles::new(ctx, level.depth, false),
             _reservation: reservation,
@@ -360,6 +359,7 @@ impl ProbeState {
         if waited == Waited::Ended {
             return Ok(());
         }
+
         if *attempt >= RESERVE_RETRIES {
             return Err(e.into());
         }
@@ -437,9 +437,9 @@ impl ProbeState {
         }
     }
 
-    /// Like [`spill_rows`](Self::spill_rows) for a spill schema of fixed-width
-    /// columns: rows `rows` of `columns` (and their `hashes`, where spill files keep
-    /// them) are copied once, into the batch that will be written.
+    /// Like [`spill_rows`](Self::spill_rows) for a spill schema that can be gathered
+    /// ([`gatherable`]): rows `rows` of `columns` (and their `hashes`, where spill
+    /// files keep them) are copied once, into the batch that will be written.
     fn spill_gathered<'s>(
         &'s self,
         ctx: &Ctx<'_>,
@@ -450,24 +450,28 @@ impl ProbeState {
         hashes: Option<&[u64]>,
     ) -> Result<()> {
         let slot = self.slot(p)?;
-        let Some(widths) = self.fixed_widths.as_deref() else {
-            return Err(JoinError::InvalidJoin(
-                "internal: gathering rows of variable width".into(),
-            ));
-        };
+        // What the rows add beyond their fixed widths, measured with no lock held.
+        let added = Growth::of(columns, rows);
         // Grows the reservation to what the buffers will hold with these rows (after
         // taking the buffered rows out, to be written, if they are gathered 32 bits
         // wide where these do not fit).
         type Reserved = Result<(), spilljoin_memory::MemoryError>;
         let reserve = |spill: &mut ProbeSpill, out: &mut ToWrite<'s>| -> Result<Reserved> {
-            if spill.gathered.as_ref().is_some_and(|g| !g.admits(fits)) {
+            if spill
+                .gathered
+                .as_ref()
+                .is_some_and(|g| !g.admits(fits, &added))
+            {
                 out.extend(self.take_full(spill)?);
             }
-            let rows_now = spill
-                .gathered
-                .get_or_insert_with(|| FixedRows::halving(Arc::clone(&self.gather_schema), widths));
+            let rows_now = match spill.gathered.as_mut() {
+                Some(g) => g,
+                None => spill
+                    .gathered
+                    .insert(GatherBuffer::halving(Arc::clone(&self.gather_schema))?),
+            };
             rows_now.shape_for(fits);
-            let need = rows_now.capacity_after(rows.len());
+            let need = rows_now.capacity_after(&added);
             let held = spill.reservation.size();
             Ok(spill.reservation.try_grow(need.saturating_sub(held)))
         };
@@ -475,14 +479,15 @@ impl ProbeState {
         // wide (what the build's headroom counts for it; a buffer being written
         // while the next fills is not counted there, but reserved all the same):
         // more rows when gathered 32 bits wide, so fewer, larger writes.
+        // (Or a piece's bytes, with variable-width data.)
         let append = |spill: &mut ProbeSpill, out: &mut ToWrite<'s>| -> Result<()> {
-            let mut full = ctx.plan.work_rows;
+            let mut full = false;
             if let Some(gathered) = spill.gathered.as_mut() {
                 gathered.append(columns, rows, hashes)?;
-                full = gathered.rows_in_bytes_of(full);
+                full = gathered.is_full(ctx.plan.work_rows, ctx.plan.piece_bytes());
             }
             spill.rows += rows.len();
-            if spill.rows >= full {
+            if full {
                 out.extend(self.take_full(spill)?);
             }
             Ok(())
@@ -587,7 +592,7 @@ impl ProbeState {
     /// Takes what `spill` buffers out of it, as one batch, with the memory it holds;
     /// `None` when it is empty.
     fn take_full(&self, spill: &mut ProbeSpill) -> Result<Option<Full<'_>>> {
-        let gathered = spill.gathered.as_ref().map_or(0, FixedRows::len);
+        let gathered = spill.gathered.as_ref().map_or(0, GatherBuffer::len);
         if spill.pending.is_empty() && gathered == 0 {
             return Ok(None);
         }
@@ -713,7 +718,7 @@ pub(crate) struct Prober<'a> {
     /// gathers rows from it ([`crate::gather`]); cleared for every batch.
     batch_data: Vec<ArrayData>,
     /// Per column of `batch_data`: gathered for a spill file as `Int32`, if it may
-    /// be and all its values fit ([`FixedRows::halving`]).
+    /// be and all its values fit ([`GatherBuffer::halving`]).
     batch_fits: Vec<bool>,
 }
 
@@ -924,7 +929,7 @@ impl<'a> Prober<'a> {
         for &r in rows.iter() {
             self.deferred[r as usize] = true;
         }
-        if self.state.fixed_widths.is_some() {
+        if self.state.gathers {
             // The batch's columns as ArrayData, once per batch (not per partition).
             if self.batch_data.is_empty() {
                 self.batch_data = batch.columns().iter().map(|c| c.to_data()).collect();
@@ -945,7 +950,12 @@ impl<'a> Prober<'a> {
         } else {
             Vec::new()
         };
-        let fragment = take_record_batch(batch, &UInt32Array::from(rows.into_owned()))?;
+        // (Compacted: a take of a nested column of views or dictionaries shares its
+        // input's buffers, which the file would get whole.)
+        let fragment = crate::output::owned_batch(take_record_batch(
+            batch,
+            &UInt32Array::from(rows.into_owned()),
+        )?)?;
         self.state.spill_rows(ctx, p, fragment, hashes)
     }
 

@@ -264,8 +264,12 @@ fn a_batch_with_bunched_wide_rows_fits_where_small_batches_do() {
 /// for the probe (which works in batch-size pieces): at every limit, a build read in
 /// 65536-row batches spills no more than the same build read in 8192-row batches
 /// under 64 KiB less. (The bug held back three whole batches per worker, megabytes
-/// here. The 64 KiB: the two builds' fragments differ in size by a few KiB, and at
+/// here. The 64 KiB: the two builds' buffers differ in size by a few KiB, and at
 /// 48 MiB the 8192-row build keeps a partition by 12 KiB that the other spills.)
+/// Compared by partitions spilled, and by rows within 0.5%: which of partitions of
+/// nearly equal size is the largest when a reservation fails depends on how the two
+/// workers' pieces interleave (the same three partitions' worth at 48 MiB spilled
+/// 75068, 75209 or 75232 rows from run to run).
 #[test]
 fn large_build_batches_do_not_spill_what_small_ones_keep() {
     let n = 400_000i64;
@@ -303,15 +307,16 @@ fn large_build_batches_do_not_spill_what_small_ones_keep() {
             let mut stream = join.execute(vec![Ok(probe.clone())], build).unwrap();
             let rows: usize = stream.by_ref().map(|b| b.unwrap().num_rows()).sum();
             assert_eq!(rows, 1000);
-            spilled.push(stream.metrics().build_rows_spilled);
+            let m = stream.metrics();
+            spilled.push((m.partitions_spilled, m.build_rows_spilled));
             drop(stream);
             assert_clean(&s);
         }
+        let ((large_parts, large_rows), (small_parts, small_rows)) = (spilled[1], spilled[0]);
         assert!(
-            spilled[1] <= spilled[0],
-            "at {limit_mib} MiB: 65536-row batches spilled {} rows, 8192-row batches {} (64 KiB less)",
-            spilled[1],
-            spilled[0]
+            large_parts <= small_parts && large_rows <= small_rows + small_rows / 200,
+            "at {limit_mib} MiB: 65536-row batches spilled {large_parts} partitions \
+             ({large_rows} rows), 8192-row batches {small_parts} ({small_rows}) (64 KiB less)"
         );
     }
 }

@@ -1,0 +1,264 @@
+//! The output channel: batches on their way to the caller, reserved from the
+//! join's pool from the moment they are assembled until the caller takes them.
+//!
+//! ```text
+//!  worker ─ pieces ─► OutputSink (assembling: reserved) ─► channel (reserved) ─► JoinStream::next
+//!                       └── reserve_assembling ──────────┴── OutputGate ◄── release ─┘
+//! ```
+//!
+//! Output batches are memory the join holds like any other: a batch of 8192 rows of
+//! 1.2 KB is 10 MB, and a channel of four of them with one being assembled per worker
+//! took a 64 MiB join to 144 MiB of RSS. The [`OutputGate`] counts every byte of
+//! them in the pool and caps what is in flight at once ([`OutputGate::cap_bytes`]):
+//! a worker that would exceed it, or that the pool refuses, waits for the caller to
+//! take a batch. One that finds the channel empty never waits (nothing would wake
+//! it): what it has assembled exists already, and is counted even past the limit —
+//! at most a batch's bytes per worker, which the sink keeps to a piece of the limit
+//! (`JoinPlan::piece_bytes`).
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::Duration;
+
+use arrow_array::RecordBatch;
+use crossbeam::channel::{bounded, Receiver, Sender};
+use spilljoin_memory::{MemoryConsumer, MemoryPool, MemoryReservation};
+
+use crate::batches::lock;
+use crate::error::{JoinError, Result};
+
+/// What goes through the channel: a batch and the bytes reserved for it.
+pub(crate) type Sent = Result<(RecordBatch, usize)>;
+
+/// How long a worker waiting for the caller sleeps before it looks again whether
+/// the join was cancelled.
+const GATE_WAIT: Duration = Duration::from_millis(50);
+
+/// The share of the limit output batches may take at once, in flight and being
+/// assembled: one eighth.
+const IN_FLIGHT_SHARE: usize = 8;
+
+/// Counts the output batches in flight against the pool and a cap.
+#[derive(Debug)]
+pub(crate) struct OutputGate {
+    state: Mutex<GateState>,
+    /// Signalled when the caller takes a batch.
+    taken: Condvar,
+    cap_bytes: usize,
+    cancel: Arc<AtomicBool>,
+}
+
+#[derive(Debug)]
+struct GateState {
+    /// Holds `channel_bytes + assembling_bytes`.
+    reservation: MemoryReservation,
+    /// Bytes of batches sent and not yet taken.
+    channel_bytes: usize,
+    /// Bytes of pieces the sinks are assembling into batches.
+    assembling_bytes: usize,
+}
+
+impl OutputGate {
+    /// A gate reserving from `pool`; `cancel` ends a wait.
+    pub fn new(pool: &Arc<dyn MemoryPool>, cancel: Arc<AtomicBool>) -> Self {
+        let reservation = MemoryConsumer::new("spilljoin output")
+            .with_can_spill(false)
+            .register(pool);
+        let limit = pool.limit().bytes();
+        Self {
+            state: Mutex::new(GateState {
+                reservation,
+                channel_bytes: 0,
+                assembling_bytes: 0,
+            }),
+            taken: Condvar::new(),
+            cap_bytes: limit / IN_FLIGHT_SHARE,
+            cancel,
+        }
+    }
+
+    /// The most bytes of output in flight and being assembled at once (unless the
+    /// channel is empty).
+    #[cfg(test)]
+    pub fn cap_bytes(&self) -> usize {
+        self.cap_bytes
+    }
+
+    /// Reserves `bytes` of pieces being assembled, waiting while the cap or the
+    /// pool refuses them and the channel holds batches the caller will take.
+    ///
+    /// # Errors
+    /// [`JoinError::Cancelled`] if the join is cancelled while it waits.
+    pub fn reserve_assembling(&self, bytes: usize) -> Result<()> {
+        let mut state = lock(&self.state);
+        loop {
+            let in_flight = state.channel_bytes + state.assembling_bytes;
+            let fits = in_flight + bytes <= self.cap_bytes;
+            if fits && state.reservation.try_grow(bytes).is_ok() {
+                break;
+            }
+            if state.channel_bytes == 0 {
+                // Nothing to wait for: counted all the same.
+                state.reservation.grow(bytes);
+                break;
+            }
+            if self.cancel.load(Ordering::Relaxed) {
+                return Err(JoinError::Cancelled);
+            }
+            state = self
+                .taken
+                .wait_timeout(state, GATE_WAIT)
+                .map(|(guard, _)| guard)
+                .unwrap_or_else(|poisoned| poisoned.into_inner().0);
+        }
+        state.assembling_bytes += bytes;
+        Ok(())
+    }
+
+    /// Moves `assembled` bytes of pieces into the channel as a batch of `bytes`
+    /// (its pieces were reserved; a copy of them may take more or less).
+    pub fn to_channel(&self, assembled: usize, bytes: usize) {
+        let mut state = lock(&self.state);
+        let assembled = assembled.min(state.assembling_bytes);
+        state.assembling_bytes -= assembled;
+        if bytes > assembled {
+            // (The batch exists already.)
+            state.reservation.grow(bytes - assembled);
+        } else {
+            state.reservation.shrink(assembled - bytes);
+        }
+        state.channel_bytes += bytes;
+    }
+
+    /// Gives back `bytes` of pieces assembled but not sent (a sink dropped).
+    pub fn unassemble(&self, bytes: usize) {
+        let mut state = lock(&self.state);
+        let bytes = bytes.min(state.assembling_bytes);
+        state.assembling_bytes -= bytes;
+        state.reservation.shrink(bytes);
+        drop(state);
+        self.taken.notify_all();
+    }
+
+    /// The caller took a batch of `bytes`.
+    pub fn release(&self, bytes: usize) {
+        let mut state = lock(&self.state);
+        let bytes = bytes.min(state.channel_bytes);
+        state.channel_bytes -= bytes;
+        state.reservation.shrink(bytes);
+        drop(state);
+        self.taken.notify_all();
+    }
+
+    /// The channel was dropped with what it held: nothing in it is held any more.
+    pub fn clear_channel(&self) {
+        let mut state = lock(&self.state);
+        let bytes = std::mem::take(&mut state.channel_bytes);
+        state.reservation.shrink(bytes);
+        drop(state);
+        self.taken.notify_all();
+    }
+}
+
+/// The sending side of the output channel, with its gate.
+#[derive(Debug, Clone)]
+pub(crate) struct OutputChannel {
+    pub sender: Sender<Sent>,
+    pub gate: Arc<OutputGate>,
+}
+
+/// A channel of `capacity` batches reserving from `pool`, and its receiving side.
+pub(crate) fn output_channel(
+    capacity: usize,
+    pool: &Arc<dyn MemoryPool>,
+    cancel: Arc<AtomicBool>,
+) -> (OutputChannel, Receiver<Sent>) {
+    let (sender, receiver) = bounded(capacity);
+    let gate = Arc::new(OutputGate::new(pool, cancel));
+    (OutputChannel { sender, gate }, receiver)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use spilljoin_memory::GreedyMemoryPool;
+
+    #[test]
+    fn a_full_gate_waits_for_the_caller_and_an_empty_channel_never_waits() -> Result<()> {
+        let pool: Arc<dyn MemoryPool> = Arc::new(GreedyMemoryPool::new(8000));
+        let gate = Arc::new(OutputGate::new(&pool, Arc::new(AtomicBool::new(false))));
+        assert_eq!(gate.cap_bytes(), 1000);
+        // An empty channel: past the cap, counted all the same.
+        gate.reserve_assembling(1500)?;
+        gate.to_channel(1500, 1400);
+        assert_eq!(pool.reserved(), 1400);
+        // A batch in the channel: the next waits until the caller takes it.
+        let waiter = {
+            let gate = Arc::clone(&gate);
+            std::thread::spawn(move || gate.reserve_assembling(600))
+        };
+        std::thread::sleep(Duration::from_millis(120));
+        assert!(!waiter.is_finished());
+        gate.release(1400);
+        waiter.join().map_err(|_| JoinError::Cancelled)??;
+        assert_eq!(pool.reserved(), 600);
+        gate.unassemble(600);
+        assert_eq!(pool.reserved(), 0);
+        Ok(())
+    }
+
+    /// Found in review: pieces of a few rows each count more than the batch made of
+    /// them (each piece its columns' overhead); the leftover stayed reserved until
+    /// the sink finished, 650 KB of a 2.5 MiB limit.
+    #[test]
+    fn a_sink_of_small_pieces_holds_no_more_than_its_batches() -> Result<()> {
+        use arrow_array::{ArrayRef, Int64Array};
+        let pool: Arc<dyn MemoryPool> = Arc::new(GreedyMemoryPool::new(1 << 30));
+        let (channel, receiver) = output_channel(4, &pool, Arc::new(AtomicBool::new(false)));
+        let gate = Arc::clone(&channel.gate);
+        let columns: Vec<(String, ArrayRef)> = (0..10)
+            .map(|i| {
+                let values: Int64Array = (0..1000).map(Some).collect();
+                (format!("c{i}"), Arc::new(values) as ArrayRef)
+            })
+            .collect();
+        let batch = RecordBatch::try_from_iter(columns).map_err(JoinError::Arrow)?;
+        let max_batch_bytes = 64 << 10;
+        let mut sink =
+            crate::output::OutputSink::new(batch.schema(), 100, max_batch_bytes, channel);
+        let mut most = 0;
+        for row in 0..batch.num_rows() {
+            sink.push(batch.slice(row, 1))?;
+            most = most.max(pool.reserved());
+            for (_, bytes) in receiver.try_iter().collect::<Result<Vec<_>>>()? {
+                gate.release(bytes);
+            }
+        }
+        sink.finish()?;
+        for (_, bytes) in receiver.try_iter().collect::<Result<Vec<_>>>()? {
+            gate.release(bytes);
+        }
+        // A batch of 100 rows being assembled: 100 pieces of 1 row, 8 bytes and 64
+        // of overhead a column each, and a sent batch not yet taken.
+        assert!(most <= 2 * 100 * (8 + 64) * 10, "{most} bytes reserved at most");
+        assert_eq!(pool.reserved(), 0);
+        Ok(())
+    }
+
+    #[test]
+    fn a_cancelled_join_stops_waiting() -> Result<()> {
+        let pool: Arc<dyn MemoryPool> = Arc::new(GreedyMemoryPool::new(8000));
+        let cancel = Arc::new(AtomicBool::new(false));
+        let gate = OutputGate::new(&pool, Arc::clone(&cancel));
+        gate.reserve_assembling(900)?;
+        gate.to_channel(900, 900);
+        cancel.store(true, Ordering::Relaxed);
+        assert!(matches!(
+            gate.reserve_assembling(900),
+            Err(JoinError::Cancelled)
+        ));
+        gate.clear_channel();
+        assert_eq!(pool.reserved(), 0);
+        Ok(())
+    }
+}

@@ -192,25 +192,28 @@ fn run(
         })
     });
     let for_side = |side: Side| pushdown.as_ref().filter(|_| join.build_side() != side);
-    // The build input is read in larger batches when memory allows: the join
-    // partitions a batch at a time, and larger batches leave fewer, larger fragments.
-    let read_rows = |side: Side, stats: InputStatistics| {
-        if join.build_side() == side {
+    // The build input is read in larger batches when memory allows (the join
+    // partitions a batch at a time), and when its size is known: a batch holds its
+    // decoded buffers, which the join reserves.
+    let read_rows = |side: Side, stats: InputStatistics, known: bool| {
+        if join.build_side() == side && known {
             build_read_rows(batch_size, plan.limit_bytes, threads, stats)
         } else {
             batch_size
         }
     };
+    let left_known = r.left.bytes_known(&plan.left_columns);
+    let right_known = r.right.bytes_known(&plan.right_columns);
     let left = r.left.streams(
         &plan.left_columns,
-        read_rows(Side::Left, plan.left_stats),
+        read_rows(Side::Left, plan.left_stats, left_known),
         threads,
         &counters.0,
         for_side(Side::Left),
     )?;
     let right = r.right.streams(
         &plan.right_columns,
-        read_rows(Side::Right, plan.right_stats),
+        read_rows(Side::Right, plan.right_stats, right_known),
         threads,
         &counters.1,
         for_side(Side::Right),
@@ -263,7 +266,7 @@ fn run(
 
 /// Rows per batch of the build input: the batch size, or up to 64Ki rows when the
 /// input's rows are known to be narrow enough that `threads` such batches take at most
-/// a sixteenth of the limit (they are decoded outside the join's pool).
+/// a sixteenth of the limit.
 fn build_read_rows(
     batch_size: usize,
     limit_bytes: u64,

@@ -243,6 +243,16 @@ impl Input {
         })
     }
 
+    /// Whether [`statistics`](Self::statistics) gives the bytes of `columns` as
+    /// Arrow arrays, rather than a lower bound of them (see
+    /// `ParquetSource::bytes_known`; the other formats' are file sizes, scaled).
+    pub fn bytes_known(&self, columns: &[usize]) -> bool {
+        match &self.source {
+            Source::Parquet(p) => p.bytes_known(columns),
+            _ => true,
+        }
+    }
+
     /// The files' total size on disk.
     ///
     /// # Errors

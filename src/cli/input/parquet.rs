@@ -98,6 +98,28 @@ impl ParquetSource {
             .sum()
     }
 
+    /// Whether [`bytes`](Self::bytes) is more than a lower bound for `columns`: not
+    /// when a variable-width column has dictionary-encoded chunks, whose encoded
+    /// size says little of the strings' own (a thousand distinct values repeated over
+    /// a row group take a few KiB encoded and tens of MiB as Arrow).
+    pub fn bytes_known(&self, columns: &[usize]) -> bool {
+        self.files.iter().all(|file| {
+            let descr = file.metadata.parquet_schema();
+            let schema = file.metadata.schema();
+            file.metadata.metadata().row_groups().iter().all(|group| {
+                group.columns().iter().enumerate().all(|(leaf, chunk)| {
+                    let root = descr.get_column_root_idx(leaf);
+                    let fixed = schema
+                        .fields()
+                        .get(root)
+                        .and_then(|f| f.data_type().primitive_width())
+                        .is_some();
+                    fixed || !columns.contains(&root) || chunk.dictionary_page_offset().is_none()
+                })
+            })
+        })
+    }
+
     /// An estimate of the size of `columns` (indices into the schema) as Arrow arrays,
     /// from the footers: a fixed-width column takes rows × its width (and a validity
     /// bit); any other its uncompressed size (after Parquet's encodings, which for

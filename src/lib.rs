@@ -38,7 +38,7 @@ mod channel;
 mod error;
 mod exec;
 pub mod filter;
-mod gather;
+pub mod gather;
 pub mod hash;
 mod join;
 pub mod join_type;

@@ -70,6 +70,20 @@ class Join:
     right_col: str | None  # aggregated column of the right side (None: right is only a filter)
     sql: str  # shared verbatim by DuckDB and DataFusion
     right_filter: bool = False  # right side restricted to l_shipmode = 'AIR'
+    # Further columns the result must carry through the join (aggregated as in
+    # PAYLOAD_AGG), and whether spilljoin outputs every column of both sides.
+    payload: tuple[str, ...] = ()
+    all_columns: bool = False
+
+    def columns_of(self, table: str) -> list[str] | None:
+        """The projected columns of `table` (None: all of them)."""
+        if self.all_columns:
+            return None
+        key = self.left_key if table == self.left else self.right_key
+        col = self.left_col if table == self.left else self.right_col
+        prefix = key.split("_")[0] + "_"
+        extra = [c for c in self.payload if c.startswith(prefix)]
+        return list(dict.fromkeys([key] + ([col] if col else []) + extra))
 
 
 def orders_lineitem(kind: str, sql: str, right_col: str | None = None, build: str = "left",
@@ -79,6 +93,40 @@ def orders_lineitem(kind: str, sql: str, right_col: str | None = None, build: st
 
 
 SUM_O = "SELECT count(*), sum(o_totalprice)"
+# TPC-H orders and lineitem columns by kind. Strings: o_orderstatus, l_returnflag,
+# l_linestatus 1 byte; o_orderpriority 5-15, l_shipmode 3-7 (short: inline in a view);
+# o_clerk 15, l_shipinstruct 4-17; o_comment 19-78, l_comment 10-43 (long).
+STRINGS = ("o_orderstatus", "o_orderpriority", "o_clerk", "o_comment", "l_returnflag",
+           "l_linestatus", "l_shipinstruct", "l_shipmode", "l_comment")
+DATES = ("o_orderdate", "l_shipdate", "l_commitdate", "l_receiptdate")
+NUMBERS = ("o_orderkey", "o_custkey", "o_totalprice", "o_shippriority", "l_orderkey",
+           "l_partkey", "l_suppkey", "l_linenumber", "l_quantity", "l_extendedprice",
+           "l_discount", "l_tax")
+# The short and long strings of both tables (inner_strings).
+STRING_PAYLOAD = ("o_orderpriority", "o_comment", "l_shipmode", "l_comment")
+# Every column but the two aggregated in SUM_O's joins (inner_all).
+ALL_PAYLOAD = tuple(c for c in NUMBERS + DATES + STRINGS
+                    if c not in ("o_totalprice", "l_extendedprice"))
+
+
+def payload_sql(column: str) -> str:
+    """An aggregate that needs every value of `column` (so that engines carry it)."""
+    if column in STRINGS:
+        return f"sum(length({column}))"
+    if column in DATES:
+        return f"sum(extract(day FROM {column}))"
+    return f"sum({column})"
+
+
+def with_payload(kind: str, payload: tuple[str, ...], all_columns: bool = False) -> Join:
+    """orders ⋈ lineitem (built on orders) whose result carries `payload` too."""
+    aggs = ", ".join(payload_sql(c) for c in payload)
+    sql = (f"{SUM_O}, sum(l_extendedprice), {aggs} "
+           "FROM orders JOIN lineitem ON o_orderkey = l_orderkey")
+    return Join("orders", "lineitem", "o_orderkey", "l_orderkey", kind, "left", "o_totalprice",
+                "l_extendedprice", sql, payload=payload, all_columns=all_columns)
+
+
 SKEW_JOINS = ("skew_inner",)  # need the --skew dataset; not part of 'all' without --skew
 JOINS = {
     "inner": orders_lineitem(
@@ -104,6 +152,10 @@ JOINS = {
         "not_in", f"{SUM_O} FROM orders WHERE o_orderkey NOT IN "
         f"(SELECT l_orderkey FROM lineitem WHERE l_shipmode = '{AIR}')",
         build="right", right_filter=True),
+    # The payload joins: short and long strings of both sides, and every column
+    # (what the CLI outputs without --select).
+    "inner_strings": with_payload("inner", STRING_PAYLOAD),
+    "inner_all": with_payload("inner", ALL_PAYLOAD, all_columns=True),
     "skew_inner": Join(  # one key holds 20 % of orders_skew, 5 rows of lineitem_skew
         "orders_skew", "lineitem_skew", "o_orderkey", "l_orderkey", "inner", "left",
         "o_totalprice", "l_extendedprice",
@@ -199,12 +251,14 @@ def build_side_bytes(sf: float) -> None:
     cache = sf_dir(sf) / "build_sizes.json"
     sizes = json.loads(cache.read_text()) if cache.exists() else {}
     for name, j in JOINS.items():
-        table, key, col = ((j.left, j.left_key, j.left_col) if j.build == "left"
-                           else (j.right, j.right_key, j.right_col))
-        cols = [key] + ([col] if col else [])
+        table = j.left if j.build == "left" else j.right
+        cols = j.columns_of(table)
         air = j.right_filter and j.build == "right"
-        if sizes.get(name, {}).get("columns") == cols or not Path(table_paths(sf)[table]).exists():
+        if name in sizes and sizes[name].get("columns") == cols:
             continue
+        if not Path(table_paths(sf)[table]).exists():
+            continue
+        # (Strings read as Utf8: their bytes, whatever the reader's views share.)
         batches = list(read_batches(table_paths(sf)[table], cols, air_only=air))
         sizes[name] = {"table": table + (f" ({AIR})" if air else ""), "columns": cols,
                        "rows": sum(b.num_rows for b in batches),
@@ -379,6 +433,13 @@ def run_polars(j: Join, paths: dict, streaming: bool) -> list:
     else:
         joined = left.join(right, left_on=j.left_key, right_on=j.right_key, how=j.kind)
     aggs = [pl.len()] + [pl.col(c).sum() for c in (j.left_col, j.right_col) if c]
+    for c in j.payload:  # as payload_sql
+        col = pl.col(c)
+        if c in STRINGS:
+            col = col.str.len_chars().cast(pl.Int64)
+        elif c in DATES:
+            col = col.dt.day().cast(pl.Int64)
+        aggs.append(col.sum())
     return list(joined.select(aggs).collect(engine=engine).row(0))
 
 
@@ -454,8 +515,9 @@ def spilljoin_command(j: Join, paths: dict, limit: int | None, threads: int, scr
         join_type = SWAPPED_TYPE[j.kind]
     cmd = [str(spilljoin_binary()), "join", "--left", probe[0], "--right", build[0],
            "--on", f"{probe[1]}={build[1]}", "--type", join_type,
-           "--select", ",".join(c for c in (j.left_col, j.right_col) if c),
            "--threads", str(threads), "--spill-dir", scratch, "--metrics", metrics]
+    if not j.all_columns:
+        cmd += ["--select", ",".join(c for c in (j.left_col, j.right_col, *j.payload) if c)]
     if limit is not None:
         cmd += ["--memory-limit", f"{max(1, limit // 1024)}KiB"]
     return cmd
@@ -758,7 +820,7 @@ def report(opts, argv, engines, joins, limits, sizes, runs, env_info, baselines,
            "| join | build side | columns | rows | Arrow MiB |", "|---|---|---|---|---|"]
     for j in joins:
         b = sizes[j]
-        out.append(f"| {j} | {b['table']} | {', '.join(b['columns'])} | {b['rows']} | {mib(b['bytes'])} |")
+        out.append(f"| {j} | {b['table']} | {', '.join(b['columns'] or ['(all)'])} | {b['rows']} | {mib(b['bytes'])} |")
     out += ["", "## Results", "",
             "Limits in % are shares of the build side's projected Arrow bytes above. "
             "RSS check: `ok` when peak RSS ≤ 1.1 × limit + 64 MiB, else `OVER` (python engines' "

@@ -100,7 +100,7 @@ pub(crate) fn gatherable(schema: &SchemaRef) -> bool {
 /// widths: each column's bytes of variable-width data (an upper bound for a
 /// dictionary's new values). Measured from the rows alone, before any lock is taken.
 #[derive(Debug, Default)]
-pub(crate) struct Growth {
+pub struct Growth {
     rows: usize,
     /// Per column (the hash column excepted); empty when no column has variable
     /// width.
@@ -154,7 +154,7 @@ fn decimal_at(source: &[u8], r: u32) -> i128 {
 
 /// Rows of a schema gathered from many batches, each value copied once.
 #[derive(Debug)]
-pub(crate) struct GatherBuffer {
+pub struct GatherBuffer {
     schema: SchemaRef,
     columns: Vec<Column>,
     len: usize,

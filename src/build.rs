@@ -2,8 +2,12 @@
 //! largest partitions when memory runs out.
 //!
 //! ```text
-//!  build batches ─► keys ─► hash ─► partition (high bits) ─► per-partition fragments,
-//!   (N threads pull from the input streams)                   with their hashes (not
+//!  build batches ─► keys ─► hash ─► partition (high bits) ─► per-partition buffers:
+//!   (N threads pull from the input streams)                   rows gathered compactly
+//!                                                              (`GatherBuffer`, every
+//!                                                              type but nested ones,
+//!                                                              which keep fragments),
+//!                                                              with their hashes (not
 //!                                                              for word keys)
 //!                                                              │
 //!        a reservation fails? ─► flush the buffered rows of an already spilled

@@ -431,7 +431,9 @@ def run_polars(j: Join, paths: dict, streaming: bool) -> list:
             joined = left.filter(pl.col(j.left_key).is_not_null()).join(
                 right, left_on=j.left_key, right_on=j.right_key, how="anti")
     else:
-        joined = left.join(right, left_on=j.left_key, right_on=j.right_key, how=j.kind)
+        # (Both keys kept where the payload aggregates them: Polars coalesces them.)
+        joined = left.join(right, left_on=j.left_key, right_on=j.right_key, how=j.kind,
+                           coalesce=False if j.payload else None)
     aggs = [pl.len()] + [pl.col(c).sum() for c in (j.left_col, j.right_col) if c]
     for c in j.payload:  # as payload_sql
         col = pl.col(c)

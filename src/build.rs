@@ -1248,7 +1248,8 @@ impl<'a> BuildCollector<'a> {
             state.bloom_reserve.shrink(excess);
         }
         // Leave room for the probe: what each probe worker reserves (its buffers, a
-        // batch in flight, and the output and spill pieces it makes from it).
+        // batch in flight, and the output and spill pieces it makes from it), and
+        // the output batches waiting for the caller.
         let per_worker = Prober::bytes_for(plan.work_rows, plan.work_rows)
             + 3 * self
                 .largest_batch_bytes
@@ -1266,7 +1267,10 @@ impl<'a> BuildCollector<'a> {
             .count();
         let limit = plan.pool.limit().bytes();
         let buffers = (spilled * plan.work_rows * probe_spill_row_bytes(plan)).min(limit / 4);
-        let workers = (per_worker * plan.threads).min(limit / 2);
+        let build_row_bytes =
+            self.largest_batch_bytes.load(Ordering::Relaxed) / plan.work_rows.max(1);
+        let workers =
+            (per_worker * plan.threads + output_headroom(plan, build_row_bytes)).min(limit / 2);
         let mut headroom_reservation = self.base.new_empty();
         // The buffers are worth spilling build rows for, not failing for: near the
         // floor, where everything is spilled and still does not leave room for them,
@@ -1537,6 +1541,17 @@ fn finish_bytes(plan: &JoinPlan, part: &PartitionBuffer) -> usize {
 
 /// The bytes a probe row takes in a probe spill buffer: the fixed widths of its spill
 /// files' schema (decimals narrowed), or a guess of 32 where some column is variable-width.
+/// What output batches in flight take while the probe runs: a batch being assembled
+/// per worker and the channel's two per worker, of rows about a build row and a probe
+/// row wide ([`crate::channel`] reserves them, up to an eighth of the limit).
+/// Without this room the output gate found the pool full at every batch, and each
+/// worker waited for the caller to take one (see BENCHMARKS.md, issue 27).
+fn output_headroom(plan: &JoinPlan, build_row_bytes: usize) -> usize {
+    let row_bytes = build_row_bytes + probe_spill_row_bytes(plan);
+    let batch_bytes = (plan.batch_size * row_bytes).min(plan.piece_bytes());
+    (3 * plan.threads * batch_bytes).min(plan.pool.limit().bytes() / 8)
+}
+
 fn probe_spill_row_bytes(plan: &JoinPlan) -> usize {
     crate::gather::fixed_widths(&spilljoin_spill::file_schema(&plan.spill_schema(false)))
         .map_or(32, |widths| widths.iter().sum::<usize>())

@@ -56,6 +56,9 @@ struct GateState {
     channel_bytes: usize,
     /// Bytes of pieces the sinks are assembling into batches.
     assembling_bytes: usize,
+    /// Workers waiting in [`OutputGate::reserve_assembling`]: the caller wakes them
+    /// only if there are any (a wake is a system call per batch taken).
+    waiting: usize,
 }
 
 impl OutputGate {
@@ -70,6 +73,7 @@ impl OutputGate {
                 reservation,
                 channel_bytes: 0,
                 assembling_bytes: 0,
+                waiting: 0,
             }),
             taken: Condvar::new(),
             cap_bytes: limit / IN_FLIGHT_SHARE,
@@ -105,11 +109,13 @@ impl OutputGate {
             if self.cancel.load(Ordering::Relaxed) {
                 return Err(JoinError::Cancelled);
             }
+            state.waiting += 1;
             state = self
                 .taken
                 .wait_timeout(state, GATE_WAIT)
                 .map(|(guard, _)| guard)
                 .unwrap_or_else(|poisoned| poisoned.into_inner().0);
+            state.waiting -= 1;
         }
         state.assembling_bytes += bytes;
         Ok(())
@@ -136,8 +142,11 @@ impl OutputGate {
         let bytes = bytes.min(state.assembling_bytes);
         state.assembling_bytes -= bytes;
         state.reservation.shrink(bytes);
+        let waiting = state.waiting > 0;
         drop(state);
-        self.taken.notify_all();
+        if waiting {
+            self.taken.notify_all();
+        }
     }
 
     /// The caller took a batch of `bytes`.
@@ -146,8 +155,11 @@ impl OutputGate {
         let bytes = bytes.min(state.channel_bytes);
         state.channel_bytes -= bytes;
         state.reservation.shrink(bytes);
+        let waiting = state.waiting > 0;
         drop(state);
-        self.taken.notify_all();
+        if waiting {
+            self.taken.notify_all();
+        }
     }
 
     /// The channel was dropped with what it held: nothing in it is held any more.
@@ -155,8 +167,11 @@ impl OutputGate {
         let mut state = lock(&self.state);
         let bytes = std::mem::take(&mut state.channel_bytes);
         state.reservation.shrink(bytes);
+        let waiting = state.waiting > 0;
         drop(state);
-        self.taken.notify_all();
+        if waiting {
+            self.taken.notify_all();
+        }
     }
 }
 
@@ -240,7 +255,10 @@ mod tests {
         }
         // A batch of 100 rows being assembled: 100 pieces of 1 row, 8 bytes and 64
         // of overhead a column each, and a sent batch not yet taken.
-        assert!(most <= 2 * 100 * (8 + 64) * 10, "{most} bytes reserved at most");
+        assert!(
+            most <= 2 * 100 * (8 + 64) * 10,
+            "{most} bytes reserved at most"
+        );
         assert_eq!(pool.reserved(), 0);
         Ok(())
     }

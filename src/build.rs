@@ -232,7 +232,7 @@ impl PartitionBuffer {
         };
         let mut cell = lock(&self.gathered);
         let gathered = match cell.as_mut() {
-            Some(g) if g.len() > 0 => {
+            Some(g) if !g.is_empty() => {
                 g.expect_rows(g.len().min(g.rows_in_bytes_of(batch_rows)));
                 Some(g.finish()?)
             }
@@ -1136,7 +1136,7 @@ impl<'a> BuildCollector<'a> {
                     && spilled
                     && gathered
                         .as_ref()
-                        .is_none_or(|g| g.len() == 0 && !g.is_halving())
+                        .is_none_or(|g| g.is_empty() && !g.is_halving())
                 {
                     *gathered = Some(GatherBuffer::halving(Arc::clone(&self.file_schema))?);
                 }
@@ -1705,7 +1705,7 @@ pub(crate) fn finish_partition(
     let (batch, hashes): (RecordBatch, ScalarBuffer<u64>) = match gathered {
         // Gathered in place: the buffers become the batch, uncopied; a hash column,
         // if any, is split off.
-        Some(mut gathered) if gathered.len() > 0 => {
+        Some(mut gathered) if !gathered.is_empty() => {
             gathered_bytes = Some(gathered.held());
             let batch = gathered.finish()?;
             if plan.spills_hashes() {

@@ -289,6 +289,11 @@ impl GatherBuffer {
         self.len
     }
 
+    /// Whether no rows are held.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
     /// The bytes the buffers hold in memory now.
     pub fn held(&self) -> usize {
         self.capacity_after(&Growth::default())

@@ -193,14 +193,11 @@ fn run(
     });
     let for_side = |side: Side| pushdown.as_ref().filter(|_| join.build_side() != side);
     // The build input is read in larger batches when memory allows (the join
-    // partitions a batch at a time), and when its size is known: a batch holds its
-    // decoded buffers, which the join reserves.
+    // partitions a batch at a time), and when its size is known; wide rows on
+    // either side in smaller ones (`read_rows`).
     let read_rows = |side: Side, stats: InputStatistics, known: bool| {
-        if join.build_side() == side && known {
-            build_read_rows(batch_size, plan.limit_bytes, threads, stats)
-        } else {
-            batch_size
-        }
+        let larger = join.build_side() == side && known;
+        read_rows(batch_size, plan.limit_bytes, threads, stats, larger)
     };
     let left_known = r.left.bytes_known(&plan.left_columns);
     let right_known = r.right.bytes_known(&plan.right_columns);
@@ -264,22 +261,36 @@ fn run(
     writer.finish()
 }
 
-/// Rows per batch of the build input: the batch size, or up to 64Ki rows when the
-/// input's rows are known to be narrow enough that `threads` such batches take at most
-/// a sixteenth of the limit.
-fn build_read_rows(
+/// Rows per batch of an input. A decoded batch is held whole while the join works
+/// through it in pieces, and the join reserves only the piece: so `threads` batches
+/// are kept to about a sixteenth of the limit, with fewer rows than the batch size
+/// when rows are wide (8192 rows of 2 KB are 16 MiB; under 64 MiB, two readers'
+/// batches of them took the peak RSS 50 MiB past its bound), and, when `larger` (the
+/// build side, whose size is known), with up to 64Ki rows when they are narrow.
+fn read_rows(
     batch_size: usize,
     limit_bytes: u64,
     threads: usize,
     stats: InputStatistics,
+    larger: bool,
 ) -> usize {
     let (Some(bytes), Some(rows)) = (stats.bytes, stats.rows) else {
         return batch_size;
     };
     let row_bytes = (bytes / rows.max(1)).max(1);
     let by_memory = limit_bytes / (16 * threads.max(1) as u64 * row_bytes);
-    (by_memory.min(usize::MAX as u64) as usize).clamp(batch_size, BUILD_READ_ROWS.max(batch_size))
+    let by_memory = by_memory.min(usize::MAX as u64) as usize;
+    let most = if larger {
+        BUILD_READ_ROWS.max(batch_size)
+    } else {
+        batch_size
+    };
+    by_memory.clamp(MIN_READ_ROWS.min(batch_size), most)
 }
+
+/// The fewest rows per batch of an input, however wide (unless the batch size is
+/// smaller): below this a reader's per-batch work outweighs the bytes saved.
+const MIN_READ_ROWS: usize = 128;
 
 /// The most rows per batch of the build input.
 const BUILD_READ_ROWS: usize = 64 * 1024;
@@ -429,6 +440,44 @@ fn summary(
             m.fallbacks,
             m.probe_rows_skipped,
             m.spilled_time.as_secs_f64(),
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn stats(rows: u64, row_bytes: u64) -> InputStatistics {
+        InputStatistics {
+            bytes: Some(rows * row_bytes),
+            rows: Some(rows),
+        }
+    }
+
+    #[test]
+    fn wide_rows_are_read_in_fewer_rows_and_narrow_builds_in_more() {
+        let limit = 64 << 20;
+        // 2 KB rows: two threads' batches within a sixteenth of the limit.
+        let wide = read_rows(8192, limit, 2, stats(400_000, 2048), false);
+        assert_eq!(wide, (limit / (16 * 2 * 2048)) as usize);
+        assert!(2 * wide * 2048 <= (limit / 16) as usize);
+        // The same as the build: as few, whether or not it could be read larger.
+        assert_eq!(read_rows(8192, limit, 2, stats(400_000, 2048), true), wide);
+        // Narrow rows: the batch size, or up to 64Ki rows for the build.
+        assert_eq!(read_rows(8192, limit, 2, stats(1 << 20, 16), false), 8192);
+        assert_eq!(
+            read_rows(8192, limit, 2, stats(1 << 20, 16), true),
+            BUILD_READ_ROWS
+        );
+        // However wide, at least MIN_READ_ROWS (unless the batch size is smaller);
+        // nothing known, the batch size.
+        let huge = stats(1000, 64 << 20);
+        assert_eq!(read_rows(8192, limit, 2, huge, false), MIN_READ_ROWS);
+        assert_eq!(read_rows(100, limit, 2, huge, false), 100);
+        assert_eq!(
+            read_rows(8192, limit, 2, InputStatistics::default(), true),
+            8192
         );
     }
 }

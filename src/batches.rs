@@ -64,7 +64,9 @@ pub(crate) fn batch_bytes(batch: &RecordBatch) -> usize {
         .map(|c| {
             let data = c.to_data();
             let views = match c.data_type() {
-                DataType::Utf8View | DataType::BinaryView => view_data_bytes(&data),
+                DataType::Utf8View | DataType::BinaryView => {
+                    spilljoin_spill::view_data_bytes(&data)
+                }
                 _ => 0,
             };
             data.get_slice_memory_size()
@@ -73,22 +75,6 @@ pub(crate) fn batch_bytes(batch: &RecordBatch) -> usize {
         })
         .sum::<usize>()
         + batch.num_columns() * 64
-}
-
-/// The bytes of a view array's rows kept outside their views.
-fn view_data_bytes(data: &arrow_data::ArrayData) -> usize {
-    let views = data
-        .buffers()
-        .first()
-        .map_or(&[][..], |b| b.typed_data::<u128>());
-    let start = data.offset().min(views.len());
-    let end = (data.offset() + data.len()).min(views.len());
-    views[start..end]
-        .iter()
-        .map(|&v| v as u32)
-        .filter(|&len| len > arrow_data::MAX_INLINE_VIEW_LEN)
-        .map(|len| len as usize)
-        .sum()
 }
 
 /// The schema of spill files of an input: its columns and [`HASH_COLUMN`].

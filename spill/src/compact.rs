@@ -13,7 +13,7 @@ use std::sync::Arc;
 
 use arrow_array::cast::AsArray;
 use arrow_array::{Array, ArrayRef, RecordBatch, RecordBatchOptions};
-use arrow_data::MAX_INLINE_VIEW_LEN;
+use arrow_data::{ArrayData, MAX_INLINE_VIEW_LEN};
 use arrow_schema::{ArrowError, DataType};
 
 /// A view array is compacted when its data buffers hold more than
@@ -31,19 +31,25 @@ const SLACK_BYTES: usize = 4096;
 fn used_and_held(array: &dyn Array) -> (usize, usize) {
     let data = array.to_data();
     let held = data.buffers().iter().skip(1).map(|b| b.len()).sum();
+    (view_data_bytes(&data), held)
+}
+
+/// The bytes of a view array's rows (`Utf8View`, `BinaryView`) kept outside their
+/// views: what its rows use of its data buffers, however many other arrays share
+/// them.
+pub fn view_data_bytes(data: &ArrayData) -> usize {
     let views = data
         .buffers()
         .first()
         .map_or(&[][..], |b| b.typed_data::<u128>());
     let start = data.offset().min(views.len());
     let end = (data.offset() + data.len()).min(views.len());
-    let used = views[start..end]
+    views[start..end]
         .iter()
         .map(|&v| v as u32)
         .filter(|&len| len > MAX_INLINE_VIEW_LEN)
         .map(|len| len as usize)
-        .sum();
-    (used, held)
+        .sum()
 }
 
 /// `column`, its view data copied out if it wastes more than the slack allows.

@@ -138,6 +138,7 @@ mod quota;
 mod reader;
 mod writer;
 
+pub use compact::view_data_bytes;
 pub use config::{ParseSpillOptionError, SpillCompression, SpillConfig, SpillReadMode};
 pub use error::SpillError;
 pub use file::SpillFile;

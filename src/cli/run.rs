@@ -165,6 +165,9 @@ fn run(
     if let Some(path) = &r.run.metrics {
         super::metrics::check_writable(path)?;
     }
+    if !plan.limit_given {
+        super::allocator::keep_freed_memory();
+    }
     let spill = SpillManager::new(plan.spill.clone())?;
     interrupt.remove_on_forced_exit(spill.dir().to_path_buf());
     let join = plan.builder.clone().with_spill_manager(spill).build()?;

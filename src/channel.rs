@@ -36,7 +36,7 @@ const GATE_WAIT: Duration = Duration::from_millis(50);
 
 /// The share of the limit output batches may take at once, in flight and being
 /// assembled: one eighth.
-const IN_FLIGHT_SHARE: usize = 8;
+pub(crate) const IN_FLIGHT_SHARE: usize = 8;
 
 /// Counts the output batches in flight against the pool and a cap.
 #[derive(Debug)]
@@ -224,7 +224,8 @@ mod tests {
 
     /// Found in review: pieces of a few rows each count more than the batch made of
     /// them (each piece its columns' overhead); the leftover stayed reserved until
-    /// the sink finished, 650 KB of a 2.5 MiB limit.
+    /// the sink finished, 650 KB of a 2.5 MiB limit. And that overhead made the rows
+    /// look wide enough to shrink the batches.
     #[test]
     fn a_sink_of_small_pieces_holds_no_more_than_its_batches() -> Result<()> {
         use arrow_array::{ArrayRef, Int64Array};
@@ -241,18 +242,23 @@ mod tests {
         let max_batch_bytes = 64 << 10;
         let mut sink =
             crate::output::OutputSink::new(batch.schema(), 100, max_batch_bytes, channel);
-        let mut most = 0;
+        let (mut most, mut sizes) = (0, Vec::new());
         for row in 0..batch.num_rows() {
             sink.push(batch.slice(row, 1))?;
             most = most.max(pool.reserved());
-            for (_, bytes) in receiver.try_iter().collect::<Result<Vec<_>>>()? {
+            for (sent, bytes) in receiver.try_iter().collect::<Result<Vec<_>>>()? {
+                sizes.push(sent.num_rows());
                 gate.release(bytes);
             }
         }
         sink.finish()?;
-        for (_, bytes) in receiver.try_iter().collect::<Result<Vec<_>>>()? {
+        for (sent, bytes) in receiver.try_iter().collect::<Result<Vec<_>>>()? {
+            sizes.push(sent.num_rows());
             gate.release(bytes);
         }
+        // Rows of 80 bytes make whole batches: a piece's per-column overhead does
+        // not count as row width (a one-row piece made batches of 91 rows).
+        assert_eq!(sizes, vec![100; 10]);
         // A batch of 100 rows being assembled: 100 pieces of 1 row, 8 bytes and 64
         // of overhead a column each, and a sent batch not yet taken.
         assert!(

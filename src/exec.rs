@@ -614,9 +614,15 @@ fn join_spilled_pairs(
         let limit = plan.pool.limit();
         let share = match limit {
             MemoryLimit::Infinite => None,
-            MemoryLimit::Finite(bytes) => {
-                Some(bytes.saturating_sub(plan.pool.reserved()) / workers)
-            }
+            // (Less the room output batches may take in flight, which the gate
+            // reserves from this pool, not from a pair's: without it every batch
+            // found the pool full and waited for the channel to empty.)
+            MemoryLimit::Finite(bytes) => Some(
+                bytes
+                    .saturating_sub(plan.pool.reserved())
+                    .saturating_sub(bytes / crate::channel::IN_FLIGHT_SHARE)
+                    / workers,
+            ),
         };
         // A pair fits its share when what it takes to join in one piece does.
         let fits = |pair: &Pair| {

@@ -216,7 +216,11 @@ impl OutputSink {
             return Ok(());
         }
         let bytes = crate::batches::batch_bytes(&batch);
-        let fitting = (self.max_batch_bytes / (bytes / rows).max(1)).max(1);
+        // (A row's width without the per-column overhead `batch_bytes` adds: a piece
+        // of one row would look several times wider than its rows are, and shrink
+        // every later batch.)
+        let row_bytes = bytes.saturating_sub(batch.num_columns() * 64) / rows;
+        let fitting = (self.max_batch_bytes / row_bytes.max(1)).max(1);
         if fitting < self.target_rows {
             // Wide rows: batches of fewer rows from now on.
             self.coalescer.finish_buffered_batch()?;

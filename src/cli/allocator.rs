@@ -79,7 +79,9 @@ unsafe impl GlobalAlloc for HugePageAlloc {
 }
 
 /// Keeps glibc from handing freed memory back to the kernel at every free, for a join
-/// with no memory limit: its output makes glibc do that at every batch (the
+/// run without `--memory-limit` (under the default limit, most of the machine's
+/// memory, whose bound's slack a few dozen MiB kept free do not matter): its output
+/// makes glibc do that at every batch (the
 /// coalescer's string blocks of 8 KiB to 1 MiB, and the gathered partitions' buffers,
 /// came from fresh mappings or from a heap top trimmed as soon as they were freed,
 /// and each was faulted in and zeroed again: TPC-H SF1 orders ⋈ lineitem with four

@@ -281,7 +281,8 @@ fn read_rows(
         return batch_size;
     };
     let row_bytes = (bytes / rows.max(1)).max(1);
-    let by_memory = limit_bytes / (16 * threads.max(1) as u64 * row_bytes);
+    // (Saturating: `row_bytes` comes from a file's footer.)
+    let by_memory = limit_bytes / (16 * threads.max(1) as u64).saturating_mul(row_bytes);
     let by_memory = by_memory.min(usize::MAX as u64) as usize;
     let most = if larger {
         BUILD_READ_ROWS.max(batch_size)
@@ -482,5 +483,8 @@ mod tests {
             read_rows(8192, limit, 2, InputStatistics::default(), true),
             8192
         );
+        // A footer's absurd size does not overflow (found in review).
+        let absurd = stats(1, 1 << 60);
+        assert_eq!(read_rows(8192, limit, 1, absurd, false), MIN_READ_ROWS);
     }
 }

@@ -963,23 +963,28 @@ impl<'a> BuildCollector<'a> {
             for (piece, hashes) in pieces(&batch, stored_hashes.as_ref(), piece_rows) {
                 // Wide rows bunched in one part of a batch make a piece larger than
                 // its average: such a piece goes in work-row pieces after all.
-                let work_rows = plan.piece_rows(&piece);
-                if piece.num_rows() > work_rows && batch_bytes(&piece) > piece_bytes {
+                let bytes = batch_bytes(&piece);
+                let work_rows = plan.piece_rows_of(piece.num_rows(), bytes);
+                if piece.num_rows() > work_rows && bytes > piece_bytes {
                     for (small, hashes) in pieces(&piece, hashes.as_ref(), work_rows) {
-                        self.collect_batch(&small, hashes.as_deref(), has_null_key, scratch)?;
+                        let hashes = hashes.as_deref();
+                        self.collect_batch(&small, None, hashes, has_null_key, scratch)?;
                     }
                 } else {
-                    self.collect_batch(&piece, hashes.as_deref(), has_null_key, scratch)?;
+                    let hashes = hashes.as_deref();
+                    self.collect_batch(&piece, Some(bytes), hashes, has_null_key, scratch)?;
                 }
             }
         }
         Ok(())
     }
 
-    /// Hashes, partitions and buffers one batch of at most the batch size.
+    /// Hashes, partitions and buffers one batch of at most the batch size (of
+    /// `bytes` bytes when the caller measured them).
     fn collect_batch(
         &self,
         batch: &RecordBatch,
+        bytes: Option<usize>,
         stored_hashes: Option<&[u64]>,
         has_null_key: &AtomicBool,
         scratch: &mut CollectScratch,
@@ -996,7 +1001,7 @@ impl<'a> BuildCollector<'a> {
         if n == 0 {
             return Ok(());
         }
-        let input_bytes = batch_bytes(batch);
+        let input_bytes = bytes.unwrap_or_else(|| batch_bytes(batch));
         // The probe's headroom is sized from this: the bytes of `work_rows` rows of
         // the build (probe batches are cut to `work_rows`), not of a larger piece.
         let work_bytes = input_bytes * plan.work_rows.min(n) / n;
@@ -1603,11 +1608,12 @@ where
 fn build_piece_size(plan: &JoinPlan, batch: &RecordBatch) -> (usize, usize) {
     let rows = batch.num_rows();
     let max_bytes = plan.piece_bytes();
-    let work_rows = plan.piece_rows(batch);
+    let bytes = batch_bytes(batch);
+    let work_rows = plan.piece_rows_of(rows, bytes);
     if rows <= work_rows {
         return (work_rows, max_bytes);
     }
-    let row_bytes = (batch_bytes(batch) / rows).max(1);
+    let row_bytes = (bytes / rows).max(1);
     let by_memory = max_bytes / row_bytes;
     (
         by_memory.clamp(work_rows, MAX_BUILD_PIECE_ROWS.max(work_rows)),

@@ -177,11 +177,17 @@ impl JoinPlan {
     /// with `threads × MIN_WORK_ROWS × row width` instead of with its batches (4
     /// threads joining 8 MiB batches of 2 KB rows needed 29 MiB).
     pub(crate) fn piece_rows(&self, batch: &RecordBatch) -> usize {
-        let rows = batch.num_rows();
+        self.piece_rows_of(batch.num_rows(), crate::batches::batch_bytes(batch))
+    }
+
+    /// [`piece_rows`](Self::piece_rows) of a batch of `rows` rows and `bytes` bytes
+    /// ([`crate::batches::batch_bytes`], a pass over a view column's views: measured
+    /// once by callers that need it too).
+    pub(crate) fn piece_rows_of(&self, rows: usize, bytes: usize) -> usize {
         if rows == 0 {
             return self.work_rows;
         }
-        let row_bytes = (crate::batches::batch_bytes(batch) / rows).max(1);
+        let row_bytes = (bytes / rows).max(1);
         self.work_rows.min((self.piece_bytes() / row_bytes).max(1))
     }
 }

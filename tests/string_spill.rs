@@ -222,6 +222,17 @@ fn spilled_join(
     (rendered_rows(&output), metrics)
 }
 
+/// The reference answer of `join_type` on the key columns, SQL equality.
+fn expected(left: &RecordBatch, right: &RecordBatch, join_type: JoinType) -> Vec<String> {
+    let equality = NullEquality::NullEqualsNothing;
+    reference_join(left, right, &[(0, 0)], join_type, false, equality)
+}
+
+/// A batch's compact Arrow bytes a row.
+fn per_row(batch: &RecordBatch) -> f64 {
+    compact_bytes(batch) as f64 / batch.num_rows() as f64
+}
+
 /// The bytes a spilled row took on each side, against its compact Arrow bytes.
 fn check_bytes(m: &JoinMetrics, build_row: f64, probe_row: f64, context: &str) {
     assert!(
@@ -246,7 +257,6 @@ fn check_bytes(m: &JoinMetrics, build_row: f64, probe_row: f64, context: &str) {
 fn spilled_string_rows_cost_their_own_bytes_at_every_level() {
     let (seed, mut rng) = rng_for(71);
     let (left, right) = (side(&mut rng, "l"), side(&mut rng, "r"));
-    let per_row = |b: &RecordBatch| compact_bytes(b) as f64 / b.num_rows() as f64;
     let (left_row, right_row) = (per_row(&left), per_row(&right));
     let cases = [
         (JoinType::Inner, 0),
@@ -261,14 +271,7 @@ fn spilled_string_rows_cost_their_own_bytes_at_every_level() {
         );
         for (join_type, depth) in cases {
             let context = format!("{join_type} depth {depth} {shape:?} (seed {seed})");
-            let expected = reference_join(
-                &left,
-                &right,
-                &[(0, 0)],
-                join_type,
-                false,
-                NullEquality::NullEqualsNothing,
-            );
+            let expected = expected(&left, &right, join_type);
             let (output, m) = spilled_join(&l, &r, join_type, depth, None);
             assert!(output == expected, "wrong answer: {context}: {m:?}");
             // (Below level 1 a pair may end in the fallback, which writes nothing.)
@@ -284,7 +287,6 @@ fn spilled_string_rows_cost_their_own_bytes_at_every_level() {
 fn string_rows_spilled_under_a_limit_cost_their_own_bytes() {
     let (seed, mut rng) = rng_for(72);
     let (left, right) = (side(&mut rng, "l"), side(&mut rng, "r"));
-    let per_row = |b: &RecordBatch| compact_bytes(b) as f64 / b.num_rows() as f64;
     for shape in [Shape::Sliced, Shape::Taken] {
         let (l, r) = (
             batches(&mut rng, &left, shape),
@@ -298,14 +300,7 @@ fn string_rows_spilled_under_a_limit_cost_their_own_bytes() {
             (JoinType::Left, 3 << 19),
         ] {
             let context = format!("{join_type} {shape:?} limit {limit} (seed {seed})");
-            let expected = reference_join(
-                &left,
-                &right,
-                &[(0, 0)],
-                join_type,
-                false,
-                NullEquality::NullEqualsNothing,
-            );
+            let expected = expected(&left, &right, join_type);
             let (output, m) = spilled_join(&l, &r, join_type, 0, Some(limit));
             assert!(output == expected, "wrong answer: {context}: {m:?}");
             assert!(m.peak_reserved_bytes <= limit as u64, "{context}: {m:?}");

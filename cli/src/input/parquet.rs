@@ -21,8 +21,8 @@ use parquet::arrow::ProjectionMask;
 use parquet::file::metadata::PageIndexPolicy;
 
 use super::{BatchStream, Opener};
-use crate::cli::failure::Kind;
-use crate::cli::pushdown::{ProbePushdown, PushdownMode, ScanPlan};
+use crate::failure::Kind;
+use crate::pushdown::{ProbePushdown, PushdownMode, ScanPlan};
 
 /// The files of a Parquet input and their footers.
 pub struct ParquetSource {

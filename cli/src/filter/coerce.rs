@@ -258,7 +258,7 @@ pub fn sql_type(t: &sqlparser::ast::DataType) -> Option<DataType> {
             }
         },
         S::Custom(name, args) if args.is_empty() => {
-            return crate::cli::format::parse_type(&name.to_string()).ok();
+            return crate::format::parse_type(&name.to_string()).ok();
         }
         _ => return None,
     })

@@ -13,8 +13,8 @@ use anyhow::{Context, Result};
 use arrow_schema::{DataType, Schema, SchemaRef};
 
 use super::{BatchStream, CountingFile, Opener, ReadCounters};
-use crate::cli::failure::Kind;
-use crate::cli::format::CsvOptions;
+use crate::failure::Kind;
+use crate::format::CsvOptions;
 
 /// Infers the schema of a CSV file from its first `rows` rows.
 ///

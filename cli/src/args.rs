@@ -5,7 +5,7 @@
 
 use std::path::PathBuf;
 
-use crate::cli::pushdown::PushdownMode;
+use crate::pushdown::PushdownMode;
 use clap::{Args, Parser, Subcommand};
 use spilljoin::spill::SpillCompression;
 use spilljoin::JoinType;

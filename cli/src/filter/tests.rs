@@ -114,7 +114,7 @@ fn eval(text: &str) -> Vec<bool> {
 fn error(text: &str) -> String {
     let (left, right) = inputs();
     let e = Filter::parse(text, &left.schema(), &right.schema()).unwrap_err();
-    crate::cli::failure::one_line(&e)
+    crate::failure::one_line(&e)
 }
 
 #[test]

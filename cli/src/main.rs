@@ -1,5 +1,9 @@
-//! The command line: `spilljoin join` over Parquet, Arrow IPC, CSV and NDJSON, and
-//! `spilljoin demo`. See `spilljoin --help` and the README.
+//! The `spilljoin` command line: `spilljoin join` over Parquet, Arrow IPC, CSV and
+//! NDJSON, and `spilljoin demo`. See `spilljoin --help` and the README.
+//!
+//! It is a crate of its own so that the library carries none of its dependencies
+//! (argument parsing, file formats, the filter's SQL parser, progress bars, signals):
+//! an engine that embeds `spilljoin` gets the join and nothing else.
 //!
 //! Modules, one concept each: [`args`] (flags and help), [`format`] (file formats,
 //! CSV and schema options), [`input`] (files, schemas, statistics, streams),
@@ -9,7 +13,7 @@
 //! [`metrics`] (`--metrics` JSON), [`signals`] (Ctrl-C and SIGTERM), [`failure`]
 //! (exit codes and one-line errors), [`suggest`] ("did you mean"), [`demo`].
 
-pub mod allocator;
+mod allocator;
 mod args;
 mod demo;
 mod failure;
@@ -34,9 +38,16 @@ use signals::{signal_name, Interrupt};
 /// The message of the last panic, for the one-line report of a bug.
 static LAST_PANIC: std::sync::Mutex<Option<String>> = std::sync::Mutex::new(None);
 
+#[global_allocator]
+static ALLOCATOR: allocator::HugePageAlloc = allocator::HugePageAlloc;
+
+fn main() {
+    std::process::exit(run_cli());
+}
+
 /// Parses the arguments, runs the command, prints errors as one line, and returns
 /// the exit code (see [`failure`]).
-pub fn main() -> i32 {
+fn run_cli() -> i32 {
     let cli = match args::Cli::try_parse() {
         Ok(cli) => cli,
         Err(e) => {

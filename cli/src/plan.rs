@@ -195,7 +195,7 @@ impl Plan {
         };
         self.request.pushdown != PushdownMode::None
             && self.join.may_skip_unmatchable_probe_rows()
-            && probe.format() == crate::cli::format::Format::Parquet
+            && probe.format() == crate::format::Format::Parquet
     }
 
     fn pushdown_text(&self) -> String {

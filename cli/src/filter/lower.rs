@@ -19,7 +19,7 @@ use sqlparser::tokenizer::Span;
 use super::coerce::{arithmetic_types, comparison_type, is_string, sql_type};
 use super::eval::{arith, ArithOp, CmpOp, Expr};
 use super::FilterError;
-use crate::cli::suggest::did_you_mean;
+use crate::suggest::did_you_mean;
 
 /// Lowers one expression against the two inputs' schemas, collecting the columns it
 /// reads.

@@ -13,7 +13,7 @@ use arrow_schema::SchemaRef;
 use std::sync::Arc;
 
 use super::{BatchStream, CountingFile, Opener, ReadCounters};
-use crate::cli::failure::Kind;
+use crate::failure::Kind;
 
 /// The files of an Arrow IPC file-format input.
 pub struct ArrowFileSource {
@@ -130,6 +130,6 @@ fn open(path: &Path) -> Result<File> {
     File::open(path).with_context(|| Kind::Input.context(format!("cannot open {}", path.display())))
 }
 
-fn not_of_format(path: &Path, what: &str) -> crate::cli::failure::Failure {
+fn not_of_format(path: &Path, what: &str) -> crate::failure::Failure {
     Kind::Input.context(format!("{} is not a readable {what}", path.display()))
 }

@@ -103,7 +103,7 @@ pub fn run(args: &DemoArgs, interrupt: &Interrupt) -> Result<()> {
         filter: None,
         output: OutputSpec::new(None, None, None, options.csv)?,
         swap: true,
-        pushdown: crate::cli::pushdown::PushdownMode::default(),
+        pushdown: crate::pushdown::PushdownMode::default(),
         run,
     })?;
     super::run::execute(&plan, interrupt)

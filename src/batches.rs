@@ -14,7 +14,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use arrow_array::{Array, ArrayRef, RecordBatch, UInt32Array, UInt64Array};
 use arrow_buffer::ScalarBuffer;
-use arrow_schema::{DataType, Field, Schema, SchemaRef};
+use arrow_schema::{ArrowError, DataType, Field, Schema, SchemaRef};
 
 use std::sync::atomic::AtomicU64;
 
@@ -101,17 +101,16 @@ pub(crate) fn attach_hashes(
 
 /// Splits [`HASH_COLUMN`] off a batch read from a spill file.
 pub(crate) fn detach_hashes(batch: &RecordBatch) -> Result<(RecordBatch, ScalarBuffer<u64>)> {
-    let last = batch.num_columns().checked_sub(1).ok_or_else(|| {
-        JoinError::InvalidJoin("internal: a spilled batch has no hash column".into())
-    })?;
+    let last = batch
+        .num_columns()
+        .checked_sub(1)
+        .ok_or_else(|| JoinError::Internal("a spilled batch has no hash column".into()))?;
     let hashes = batch
         .column(last)
         .as_any()
         .downcast_ref::<UInt64Array>()
         .filter(|h| h.null_count() == 0)
-        .ok_or_else(|| {
-            JoinError::InvalidJoin("internal: a spilled batch has a bad hash column".into())
-        })?
+        .ok_or_else(|| JoinError::Internal("a spilled batch has a bad hash column".into()))?
         .values()
         .clone();
     let columns: Vec<usize> = (0..last).collect();
@@ -233,6 +232,55 @@ pub(crate) struct SpillCounters<'a> {
     pub rows: &'a AtomicU64,
     pub bytes: &'a AtomicU64,
     pub batches: &'a AtomicU64,
+}
+
+/// Several streams of one input, read by many workers.
+///
+/// Each worker starts on its own stream (round robin) and pulls one batch at a time
+/// under that stream's lock; when its stream ends it moves on to the next one that has
+/// not, so workers share streams when there are fewer streams than workers. With one
+/// stream per worker (the CLI splits Parquet row groups that way) decoding runs in
+/// parallel; with a single stream, decoding is serialized but probing still uses
+/// every worker.
+pub(crate) struct InputStreams<I> {
+    streams: Vec<Mutex<Option<I>>>,
+    next_start: std::sync::atomic::AtomicUsize,
+}
+
+impl<I: Iterator<Item = Result<RecordBatch, ArrowError>>> InputStreams<I> {
+    pub fn new(streams: Vec<I>) -> Self {
+        Self {
+            streams: streams.into_iter().map(|s| Mutex::new(Some(s))).collect(),
+            next_start: std::sync::atomic::AtomicUsize::new(0),
+        }
+    }
+
+    /// The next batch for a worker whose current stream is `current` (start with
+    /// `None`); `None` when every stream has ended.
+    pub fn next(&self, current: &mut Option<usize>) -> Option<Result<RecordBatch, ArrowError>> {
+        let n = self.streams.len();
+        if n == 0 {
+            return None;
+        }
+        let mut index =
+            *current.get_or_insert_with(|| self.next_start.fetch_add(1, Ordering::Relaxed) % n);
+        for _ in 0..n {
+            let mut slot = self.streams[index]
+                .lock()
+                .unwrap_or_else(|p| p.into_inner());
+            if let Some(stream) = slot.as_mut() {
+                match stream.next() {
+                    Some(item) => {
+                        *current = Some(index);
+                        return Some(item);
+                    }
+                    None => *slot = None,
+                }
+            }
+            index = (index + 1) % n;
+        }
+        None
+    }
 }
 
 #[cfg(test)]

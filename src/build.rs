@@ -45,18 +45,18 @@ use arrow_select::take::take_record_batch;
 use spilljoin_memory::{MemoryConsumer, MemoryReservation};
 use spilljoin_spill::{SpillFile, SpillWriter};
 
-use crate::batches::{attach_hashes, batch_bytes, lock, pieces, run_workers, write_counted};
+use crate::batches::{
+    attach_hashes, batch_bytes, lock, pieces, run_workers, write_counted, InputStreams,
+};
 use crate::bloom::Bloom;
 use crate::bounds::{BoundsAccumulator, KeyBounds};
+use crate::context::{Ctx, Level, LevelFiles};
 use crate::error::{JoinError, Result};
-use crate::exec::{Ctx, Level, LevelFiles};
 use crate::gather::{fixed_widths, gatherable, GatherBuffer, Growth};
 use crate::hash::hash_keys;
-use crate::join::InputStreams;
 use crate::keys::KeyRepr;
 use crate::partition::PartitionedRows;
 use crate::plan::JoinPlan;
-use crate::probe::Prober;
 use crate::table::{ChainedTable, MAX_TABLE_ROWS};
 
 /// One partition of the build side, ready to probe.
@@ -208,11 +208,9 @@ impl Drop for WriteEnded<'_, '_> {
 /// holds its writer any more.
 fn finish_shared(writer: SharedWriter) -> Result<SpillFile> {
     let writer = Arc::try_unwrap(writer)
-        .map_err(|_| JoinError::InvalidJoin("internal: a spill writer still in use".into()))?
+        .map_err(|_| JoinError::Internal("a spill writer still in use".into()))?
         .into_inner()
-        .map_err(|_| {
-            JoinError::InvalidJoin("internal: a spill writer's lock was poisoned".into())
-        })?;
+        .map_err(|_| JoinError::Internal("a spill writer's lock was poisoned".into()))?;
     Ok(writer.finish()?)
 }
 
@@ -633,8 +631,8 @@ impl<'a> BuildCollector<'a> {
         let ctx = self.ctx;
         self.any_spilled.store(true, Ordering::Relaxed);
         let Some(part) = state.partitions.get_mut(p) else {
-            return Err(JoinError::InvalidJoin(format!(
-                "internal: spilling partition {p} of {}",
+            return Err(JoinError::Internal(format!(
+                "spilling partition {p} of {}",
                 state.partitions.len()
             )));
         };
@@ -731,8 +729,8 @@ impl<'a> BuildCollector<'a> {
     /// [`write_rows`](Self::write_rows)), giving their memory back as it goes.
     fn flush(&self, part: &mut PartitionBuffer, reservation: &mut MemoryReservation) -> Result<()> {
         if part.writer.is_none() {
-            return Err(JoinError::InvalidJoin(
-                "internal: flushing an unspilled partition".into(),
+            return Err(JoinError::Internal(
+                "flushing an unspilled partition".into(),
             ));
         }
         let Some(Unwritten {
@@ -1255,7 +1253,7 @@ impl<'a> BuildCollector<'a> {
         // Leave room for the probe: what each probe worker reserves (its buffers, a
         // batch in flight, and the output and spill pieces it makes from it), and
         // the output batches waiting for the caller.
-        let per_worker = Prober::bytes_for(plan.work_rows, plan.work_rows)
+        let per_worker = crate::plan::probe_worker_bytes(plan.work_rows, plan.work_rows)
             + 3 * self
                 .largest_batch_bytes
                 .load(Ordering::Relaxed)
@@ -1346,9 +1344,7 @@ impl<'a> BuildCollector<'a> {
                         .map_err(JoinError::from)
                         .err()
                         .unwrap_or_else(|| {
-                            JoinError::InvalidJoin(
-                                "internal: no memory and nothing to spill".into(),
-                            )
+                            JoinError::Internal("no memory and nothing to spill".into())
                         }));
                 }
             }
@@ -1407,9 +1403,7 @@ impl<'a> BuildCollector<'a> {
                         .take()
                         .map(finish_shared)
                         .transpose()?
-                        .ok_or_else(|| {
-                            JoinError::InvalidJoin("internal: lost a spill writer".into())
-                        })?;
+                        .ok_or_else(|| JoinError::Internal("lost a spill writer".into()))?;
                     Partition::Spilled(SpilledPartition {
                         file,
                         bloom: lock(&buffer.bloom).take(),
@@ -1438,9 +1432,7 @@ impl<'a> BuildCollector<'a> {
             .map(|slot| {
                 slot.into_inner()
                     .unwrap_or_else(|p| p.into_inner())
-                    .ok_or_else(|| {
-                        JoinError::InvalidJoin("internal: a partition was not built".into())
-                    })
+                    .ok_or_else(|| JoinError::Internal("a partition was not built".into()))
             })
             .collect::<Result<Vec<_>>>()?;
         let mut partitions = partitions;
@@ -1679,7 +1671,7 @@ fn hash_column(batch: &RecordBatch) -> Result<&ScalarBuffer<u64>> {
         .last()
         .and_then(|c| c.as_primitive_opt::<UInt64Type>())
         .map(|a| a.values())
-        .ok_or_else(|| JoinError::InvalidJoin("internal: a batch without its hash column".into()))
+        .ok_or_else(|| JoinError::Internal("a batch without its hash column".into()))
 }
 
 /// The most rows of a build batch partitioned at a time.

@@ -141,6 +141,11 @@ pub enum JoinError {
     /// gets this error.
     #[error("the shared build failed: {0}")]
     SharedBuildFailed(std::sync::Arc<JoinError>),
+    /// A broken internal invariant: a bug in spilljoin, never a fault of the input
+    /// or of the join's definition (the command line exits with 1 for it, as for a
+    /// panic).
+    #[error("internal error (a bug in spilljoin): {0}")]
+    Internal(String),
     /// A worker thread panicked; this is a bug in spilljoin.
     #[error("internal error: a join worker panicked: {0}")]
     WorkerPanicked(String),

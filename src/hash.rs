@@ -111,11 +111,7 @@ fn hash_values(column: &dyn Array, hashes: &mut [u64]) -> Result<()> {
             let array = column.as_fixed_size_binary();
             hash_each(hashes, |i| array.value(i))
         }
-        other => {
-            return Err(JoinError::InvalidJoin(format!(
-                "internal: cannot hash key type {other}"
-            )))
-        }
+        other => return Err(JoinError::Internal(format!("cannot hash key type {other}"))),
     }
     Ok(())
 }

@@ -7,7 +7,7 @@
 //! reservation.
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
@@ -18,14 +18,15 @@ use spilljoin_memory::{MemoryPool, UnboundedMemoryPool};
 use spilljoin_spill::{SpillConfig, SpillManager};
 
 use crate::batches::panic_message;
+use crate::context::{Ctx, JoinPhase, SharedMetrics, MAX_DEPTH};
 use crate::error::{JoinError, Result, Side};
-use crate::exec::{run, Ctx, JoinPhase, SharedMetrics, MAX_DEPTH};
+use crate::exec::run;
 use crate::filter::{JoinFilter, ResolvedFilter};
 use crate::join_type::JoinType;
 use crate::keys::{KeySpec, NullEquality};
 use crate::output::OutputLayout;
 use crate::partition::{HashBits, MAX_PARTITION_BITS};
-use crate::plan::JoinPlan;
+use crate::plan::{ForceSpill, HotKeySplit, JoinPlan};
 
 /// The default output batch size in rows.
 pub const DEFAULT_BATCH_SIZE_ROWS: usize = 8192;
@@ -95,21 +96,6 @@ pub struct HashJoinBuilder {
     swap_sides: bool,
     hot_key_split: HotKeySplit,
     max_depth: u32,
-}
-
-/// Whether the fallback for a spilled pair that its hash bits cannot split first
-/// splits off the rows of its dominant key (see [`JoinMetrics::hot_key_splits`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum HotKeySplit {
-    /// When it costs less than the chunked join's extra reads of the probe file
-    /// (the probe file is large against the build file and the memory).
-    #[default]
-    Auto,
-    /// Whenever a key holds half of the pair's first build rows and the split's
-    /// buffers fit (tests use it to run the split on small inputs).
-    Always,
-    /// Never: such pairs are joined in chunks against their whole probe file.
-    Never,
 }
 
 /// What is known about an input's size before it is read: bytes of the columns the
@@ -863,99 +849,6 @@ impl HashJoin {
             metrics,
             failed: false,
         })
-    }
-}
-
-/// The environment variable that forces the spill path: `all`, or a fraction of the
-/// partitions from 0 to 1, spilled at level 0 and at the levels
-/// [`FORCE_SPILL_DEPTH_ENV`] adds (see [`HashJoinBuilder::with_force_spill`]).
-pub const FORCE_SPILL_ENV: &str = "SPILLJOIN_FORCE_SPILL";
-
-/// The environment variable that applies [`FORCE_SPILL_ENV`] down to a depth of the
-/// spilled pairs' levels (see [`HashJoinBuilder::with_force_spill_depth`]).
-pub const FORCE_SPILL_DEPTH_ENV: &str = "SPILLJOIN_FORCE_SPILL_DEPTH";
-
-/// Forced spilling (tests): which fraction of each level's partitions spill whatever
-/// the memory, at the levels from 0 to `depth`.
-#[derive(Debug, Clone, Copy, Default)]
-pub(crate) struct ForceSpill {
-    fraction: f64,
-    depth: u32,
-}
-
-impl ForceSpill {
-    /// The plan's setting, or the environment's where the plan sets none.
-    pub fn of(plan: &JoinPlan) -> Self {
-        let env = |name: &str| std::env::var(name).ok();
-        let fraction = plan
-            .force_spill_fraction
-            .unwrap_or_else(|| match env(FORCE_SPILL_ENV) {
-                Some(v) if v.eq_ignore_ascii_case("all") => 1.0,
-                Some(v) => v.parse::<f64>().map_or(0.0, |f| f.clamp(0.0, 1.0)),
-                None => 0.0,
-            });
-        let depth = plan.force_spill_depth.unwrap_or_else(|| {
-            env(FORCE_SPILL_DEPTH_ENV).map_or(0, |v| v.parse::<u32>().unwrap_or(0))
-        });
-        ForceSpill { fraction, depth }
-    }
-
-    /// The fraction of partitions forced to spill at a level of this depth.
-    pub fn at(&self, depth: u32) -> f64 {
-        if depth <= self.depth {
-            self.fraction
-        } else {
-            0.0
-        }
-    }
-}
-
-/// Several streams of one input, read by many workers.
-///
-/// Each worker starts on its own stream (round robin) and pulls one batch at a time
-/// under that stream's lock; when its stream ends it moves on to the next one that has
-/// not, so workers share streams when there are fewer streams than workers. With one
-/// stream per worker (the CLI splits Parquet row groups that way) decoding runs in
-/// parallel; with a single stream, decoding is serialized but probing still uses
-/// every worker.
-pub(crate) struct InputStreams<I> {
-    streams: Vec<Mutex<Option<I>>>,
-    next_start: std::sync::atomic::AtomicUsize,
-}
-
-impl<I: Iterator<Item = Result<RecordBatch, ArrowError>>> InputStreams<I> {
-    pub fn new(streams: Vec<I>) -> Self {
-        Self {
-            streams: streams.into_iter().map(|s| Mutex::new(Some(s))).collect(),
-            next_start: std::sync::atomic::AtomicUsize::new(0),
-        }
-    }
-
-    /// The next batch for a worker whose current stream is `current` (start with
-    /// `None`); `None` when every stream has ended.
-    pub fn next(&self, current: &mut Option<usize>) -> Option<Result<RecordBatch, ArrowError>> {
-        let n = self.streams.len();
-        if n == 0 {
-            return None;
-        }
-        let mut index =
-            *current.get_or_insert_with(|| self.next_start.fetch_add(1, Ordering::Relaxed) % n);
-        for _ in 0..n {
-            let mut slot = self.streams[index]
-                .lock()
-                .unwrap_or_else(|p| p.into_inner());
-            if let Some(stream) = slot.as_mut() {
-                match stream.next() {
-                    Some(item) => {
-                        *current = Some(index);
-                        return Some(item);
-                    }
-                    None => *slot = None,
-                }
-            }
-            index = (index + 1) % n;
-        }
-        None
     }
 }
 

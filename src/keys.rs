@@ -379,8 +379,8 @@ pub(crate) fn words_of(column: &dyn Array) -> Result<(ScalarBuffer<u64>, usize)>
         Some(4) => DataType::UInt32,
         Some(8) => DataType::UInt64,
         _ => {
-            return Err(JoinError::InvalidJoin(format!(
-                "internal: {} is not a word key",
+            return Err(JoinError::Internal(format!(
+                "{} is not a word key",
                 column.data_type()
             )))
         }

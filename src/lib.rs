@@ -35,6 +35,7 @@ mod bounds;
 mod build;
 mod cache;
 mod channel;
+mod context;
 mod error;
 mod exec;
 pub mod filter;
@@ -52,17 +53,18 @@ pub mod table;
 
 pub use bounds::KeyBounds;
 pub use cache::{BuildCache, BuildKey};
+pub use context::{JoinPhase, MAX_DEPTH};
 pub use error::{JoinError, Result, Side};
-pub use exec::{JoinPhase, MAX_DEPTH};
 pub use filter::{FilterPredicate, JoinFilter};
 pub use join::{
-    partition_bits_for, CancelHandle, HashJoin, HashJoinBuilder, HotKeySplit, InputStatistics,
-    JoinMetrics, JoinStream, MetricsHandle, DEFAULT_BATCH_SIZE_ROWS, DEFAULT_PARTITION_BITS,
-    FORCE_SPILL_DEPTH_ENV, FORCE_SPILL_ENV, MAX_BATCH_SIZE_ROWS,
+    partition_bits_for, CancelHandle, HashJoin, HashJoinBuilder, InputStatistics, JoinMetrics,
+    JoinStream, MetricsHandle, DEFAULT_BATCH_SIZE_ROWS, DEFAULT_PARTITION_BITS,
+    MAX_BATCH_SIZE_ROWS,
 };
 pub use join_type::{BuildJoinType, JoinType};
 pub use keys::NullEquality;
 pub use output::MARK_COLUMN;
+pub use plan::{HotKeySplit, FORCE_SPILL_DEPTH_ENV, FORCE_SPILL_ENV};
 pub use prepared::PreparedBuild;
 pub use spilljoin_memory as memory;
 pub use spilljoin_spill as spill;

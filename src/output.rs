@@ -140,9 +140,7 @@ impl OutputLayout {
                     Source::Mark => {
                         return mark
                             .map(|m| Arc::new(m.clone()) as ArrayRef)
-                            .ok_or_else(|| {
-                                JoinError::InvalidJoin("internal: mark column without marks".into())
-                            })
+                            .ok_or_else(|| JoinError::Internal("mark column without marks".into()))
                     }
                 };
                 Ok(match from {

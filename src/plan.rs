@@ -41,12 +41,12 @@ pub(crate) struct JoinPlan {
     pub bits: HashBits,
     pub force_spill_fraction: Option<f64>,
     /// The deepest level that [`force_spill_fraction`](Self::force_spill_fraction)
-    /// applies to (`None`: the environment decides; see [`crate::join::ForceSpill`]).
+    /// applies to (`None`: the environment decides; see [`ForceSpill`]).
     pub force_spill_depth: Option<u32>,
     /// The deepest level spilled pairs are repartitioned to (at most
     /// [`crate::MAX_DEPTH`]); below it a pair too big goes to the fallback.
     pub max_depth: u32,
-    pub hot_key_split: crate::join::HotKeySplit,
+    pub hot_key_split: HotKeySplit,
     /// The same join with the other input building, for spilled pairs whose probe
     /// side turns out smaller; `None` where roles cannot swap (`NOT IN`).
     pub mirror: Option<Arc<JoinPlan>>,
@@ -190,4 +190,69 @@ impl JoinPlan {
         let row_bytes = (bytes / rows).max(1);
         self.work_rows.min((self.piece_bytes() / row_bytes).max(1))
     }
+}
+
+/// Whether the fallback for a spilled pair that its hash bits cannot split first
+/// splits off the rows of its dominant key (see [`JoinMetrics::hot_key_splits`](crate::JoinMetrics::hot_key_splits)).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum HotKeySplit {
+    /// When it costs less than the chunked join's extra reads of the probe file
+    /// (the probe file is large against the build file and the memory).
+    #[default]
+    Auto,
+    /// Whenever a key holds half of the pair's first build rows and the split's
+    /// buffers fit (tests use it to run the split on small inputs).
+    Always,
+    /// Never: such pairs are joined in chunks against their whole probe file.
+    Never,
+}
+
+/// The environment variable that forces the spill path: `all`, or a fraction of the
+/// partitions from 0 to 1, spilled at level 0 and at the levels
+/// [`FORCE_SPILL_DEPTH_ENV`] adds (see [`HashJoinBuilder::with_force_spill`](crate::HashJoinBuilder::with_force_spill)).
+pub const FORCE_SPILL_ENV: &str = "SPILLJOIN_FORCE_SPILL";
+
+/// The environment variable that applies [`FORCE_SPILL_ENV`] down to a depth of the
+/// spilled pairs' levels (see [`HashJoinBuilder::with_force_spill_depth`](crate::HashJoinBuilder::with_force_spill_depth)).
+pub const FORCE_SPILL_DEPTH_ENV: &str = "SPILLJOIN_FORCE_SPILL_DEPTH";
+
+/// Forced spilling (tests): which fraction of each level's partitions spill whatever
+/// the memory, at the levels from 0 to `depth`.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct ForceSpill {
+    fraction: f64,
+    depth: u32,
+}
+
+impl ForceSpill {
+    /// The plan's setting, or the environment's where the plan sets none.
+    pub fn of(plan: &JoinPlan) -> Self {
+        let env = |name: &str| std::env::var(name).ok();
+        let fraction = plan
+            .force_spill_fraction
+            .unwrap_or_else(|| match env(FORCE_SPILL_ENV) {
+                Some(v) if v.eq_ignore_ascii_case("all") => 1.0,
+                Some(v) => v.parse::<f64>().map_or(0.0, |f| f.clamp(0.0, 1.0)),
+                None => 0.0,
+            });
+        let depth = plan.force_spill_depth.unwrap_or_else(|| {
+            env(FORCE_SPILL_DEPTH_ENV).map_or(0, |v| v.parse::<u32>().unwrap_or(0))
+        });
+        ForceSpill { fraction, depth }
+    }
+
+    /// The fraction of partitions forced to spill at a level of this depth.
+    pub fn at(&self, depth: u32) -> f64 {
+        if depth <= self.depth {
+            self.fraction
+        } else {
+            0.0
+        }
+    }
+}
+
+/// The bytes one probe worker's buffers hold at most for batches of `batch_rows`
+/// rows and `pair_rows` matched pairs (reserved by the caller).
+pub(crate) fn probe_worker_bytes(batch_rows: usize, pair_rows: usize) -> usize {
+    batch_rows * (8 + 4 + 4 + 1 + 1) + pair_rows * 8 + 1024
 }

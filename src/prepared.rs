@@ -33,11 +33,13 @@ use crate::batches::panic_message;
 use crate::bloom::Bloom;
 use crate::bounds::KeyBounds;
 use crate::build::{build_side, BuiltSide, Partition};
+use crate::context::{Ctx, Facts, JoinPhase, Level, SharedMetrics};
 use crate::error::{JoinError, Result, Side};
-use crate::exec::{run_prepared, Ctx, Level, SharedMetrics};
+use crate::exec::{join_spilled_pairs, probe_level, LevelRows};
 use crate::hash::hash_keys;
-use crate::join::{snapshot, ForceSpill, HashJoin, JoinMetrics, JoinStream};
+use crate::join::{snapshot, HashJoin, JoinMetrics, JoinStream};
 use crate::keys::{normalize, null_rows, NullEquality};
+use crate::plan::ForceSpill;
 use spilljoin_memory::{MemoryConsumer, MemoryReservation};
 
 /// A build side built once, to be probed by any number of joins (see the module
@@ -541,4 +543,34 @@ impl PreparedBuild {
             })
             .collect()
     }
+}
+
+/// Probes a prepared build: level 0 over its shared partitions, then the pairs it
+/// spilled. The handle is dropped once the probe input is read, so a build nobody
+/// else holds is freed before the spilled pairs are joined.
+pub(crate) fn run_prepared<P>(ctx: &Ctx<'_>, prepared: PreparedBuild, probe: Vec<P>) -> Result<()>
+where
+    P: Iterator<Item = Result<RecordBatch, ArrowError>> + Send,
+{
+    let level = prepared.level();
+    let built = prepared.built();
+    ctx.metrics
+        .build_rows
+        .store(built.num_rows, Ordering::Relaxed);
+    ctx.metrics.set_phase(JoinPhase::Probe);
+    let (facts, probe_files, probe_rows) = probe_level(ctx, level, built, probe, Facts::default())?;
+    let level_rows = LevelRows {
+        build: built.num_rows,
+        probe: probe_rows,
+    };
+    let spilled = prepared.spilled_files();
+    drop(prepared);
+    let start = Instant::now();
+    ctx.metrics.set_phase(JoinPhase::SpilledPairs);
+    join_spilled_pairs(ctx, level, level_rows, spilled, probe_files, facts)?;
+    ctx.metrics
+        .spilled_nanos
+        .store(start.elapsed().as_nanos() as u64, Ordering::Relaxed);
+    ctx.metrics.set_phase(JoinPhase::Done);
+    Ok(())
 }

@@ -32,8 +32,8 @@ use spilljoin_spill::{SpillFile, SpillWriter};
 use crate::batches::{attach_hashes, batch_bytes, lock, write_counted};
 use crate::bloom::Bloom;
 use crate::build::{BuiltPartition, BuiltSide, Partition, Unmatchable};
+use crate::context::{Ctx, Facts, Level, LevelFiles};
 use crate::error::{JoinError, Result};
-use crate::exec::{Ctx, Facts, Level, LevelFiles};
 use crate::gather::{gatherable, GatherBuffer, Growth};
 use crate::hash::hash_keys;
 use crate::join_type::BuildJoinType;
@@ -561,9 +561,10 @@ impl ProbeState {
 
     /// Partition `p`'s spill slot.
     fn slot(&self, p: usize) -> Result<&SpillSlot> {
-        self.spills.get(p).and_then(|s| s.as_ref()).ok_or_else(|| {
-            JoinError::InvalidJoin("internal: spilling to an unspilled partition".into())
-        })
+        self.spills
+            .get(p)
+            .and_then(|s| s.as_ref())
+            .ok_or_else(|| JoinError::Internal("spilling to an unspilled partition".into()))
     }
 
     /// Writes buffered probe rows out, the fullest buffers first, until `fits()` (or
@@ -646,7 +647,7 @@ impl ProbeState {
         }
         let writer = writer
             .as_mut()
-            .ok_or_else(|| JoinError::InvalidJoin("internal: no writer".into()))?;
+            .ok_or_else(|| JoinError::Internal("no writer".into()))?;
         let counters = ctx.metrics.spill_counters(false);
         for batch in batches {
             write_counted(writer, batch, &counters)?;
@@ -808,12 +809,6 @@ impl<'a> Prober<'a> {
         &self.matched
     }
 
-    /// The bytes this worker's buffers hold at most for batches of `rows` rows
-    /// (reserved by the caller).
-    pub fn bytes_for(batch_rows: usize, pair_rows: usize) -> usize {
-        batch_rows * (8 + 4 + 4 + 1 + 1) + pair_rows * 8 + 1024
-    }
-
     /// Probes one batch and sends its output.
     pub fn probe(
         &mut self,
@@ -967,9 +962,7 @@ impl<'a> Prober<'a> {
         sink: &mut OutputSink,
     ) -> Result<()> {
         let Partition::InMemory(part) = &self.built.partitions[p] else {
-            return Err(JoinError::InvalidJoin(
-                "internal: probing a spilled partition".into(),
-            ));
+            return Err(JoinError::Internal("probing a spilled partition".into()));
         };
         match (&keys.repr, &part.keys) {
             (
@@ -1017,8 +1010,8 @@ impl<'a> Prober<'a> {
                 },
                 sink,
             ),
-            _ => Err(JoinError::InvalidJoin(
-                "internal: build and probe keys differ in representation".into(),
+            _ => Err(JoinError::Internal(
+                "build and probe keys differ in representation".into(),
             )),
         }
     }
@@ -1047,8 +1040,8 @@ impl<'a> Prober<'a> {
             if !E::WORDS {
                 self.grouped.rows = rows;
                 self.firsts = firsts;
-                return Err(JoinError::InvalidJoin(
-                    "internal: a key-indexed table for keys that are not words".into(),
+                return Err(JoinError::Internal(
+                    "a key-indexed table for keys that are not words".into(),
                 ));
             }
             firsts.clear();

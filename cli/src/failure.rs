@@ -130,7 +130,9 @@ fn join_error_kind(e: &JoinError) -> Kind {
         | JoinError::UnsupportedKeyType { .. }
         | JoinError::Filter { .. }
         | JoinError::InvalidJoin(_) => Kind::Definition,
-        // `Io` is a thread that could not be started, `WorkerPanicked` a bug.
+        // A broken invariant or a worker's panic is a bug, whatever the input.
+        JoinError::Internal(_) | JoinError::WorkerPanicked(_) => Kind::Internal,
+        // `Io` is a thread that could not be started.
         _ => Kind::Internal,
     }
 }
@@ -168,6 +170,9 @@ mod tests {
         assert_eq!(one_line(&e), "cannot write x: disk on fire");
         let e: anyhow::Error = JoinError::InvalidJoin("no".into()).into();
         assert_eq!(kind_of(&e), Kind::Definition);
+        let e: anyhow::Error = JoinError::Internal("lost a writer".into()).into();
+        assert_eq!(kind_of(&e), Kind::Internal);
+        assert_eq!(Kind::Internal.exit_code(), 1);
         let e = Err::<(), _>(JoinError::Cancelled)
             .context("while joining")
             .unwrap_err();

@@ -615,8 +615,8 @@ impl Column {
             }
             Kind::Dict(d) => {
                 let DataType::Dictionary(_, value_type) = data_type else {
-                    return Err(JoinError::InvalidJoin(
-                        "internal: a dictionary column of another type".into(),
+                    return Err(JoinError::Internal(
+                        "a dictionary column of another type".into(),
                     ));
                 };
                 let values = d.values.finish(value_type, d.values_len)?;
@@ -711,7 +711,7 @@ impl Fixed {
 }
 
 fn short_column() -> JoinError {
-    JoinError::InvalidJoin("internal: a column shorter than its length".into())
+    JoinError::Internal("a column shorter than its length".into())
 }
 
 impl Bytes {

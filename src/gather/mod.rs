@@ -178,7 +178,7 @@ impl GatherBuffer {
             .iter()
             .map(|f| Column::for_field(f))
             .collect::<Option<Vec<_>>>()
-            .ok_or_else(|| JoinError::InvalidJoin("internal: gathering a nested column".into()))?;
+            .ok_or_else(|| JoinError::Internal("gathering a nested column".into()))?;
         let wide_row_bytes = columns.iter().map(Column::width).sum();
         Ok(Self {
             schema,
@@ -369,8 +369,8 @@ impl GatherBuffer {
                         || column.fixed().is_some_and(|fixed| fixed.narrowing(c))
                 });
         if !fits {
-            return Err(JoinError::InvalidJoin(
-                "internal: gathering rows of another schema or past its end".into(),
+            return Err(JoinError::Internal(
+                "gathering rows of another schema or past its end".into(),
             ));
         }
         // Every fixed column's source bytes are checked before anything is appended
@@ -381,8 +381,8 @@ impl GatherBuffer {
                 .fixed()
                 .is_some_and(|fixed| fixed.source_of(data).is_none())
         }) {
-            return Err(JoinError::InvalidJoin(
-                "internal: a column shorter than its length".into(),
+            return Err(JoinError::Internal(
+                "a column shorter than its length".into(),
             ));
         }
         Ok(())

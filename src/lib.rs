@@ -50,6 +50,7 @@ mod plan;
 mod prepared;
 mod probe;
 pub mod table;
+mod write_out;
 
 pub use bounds::KeyBounds;
 pub use cache::{BuildCache, BuildKey};

@@ -9,7 +9,7 @@
 //! ```
 
 use std::sync::atomic::{AtomicBool, AtomicUsize};
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::{Arc, Mutex};
 
 use arrow_array::RecordBatch;
 use arrow_schema::SchemaRef;
@@ -22,6 +22,7 @@ use crate::bounds::BoundsAccumulator;
 use crate::context::{Ctx, Level, LevelFiles};
 use crate::gather::{fixed_widths, gatherable, GatherBuffer};
 use crate::plan::JoinPlan;
+use crate::write_out::WritesOut;
 
 /// A partition's rows while the build input is still coming.
 #[derive(Debug, Default)]
@@ -106,9 +107,9 @@ pub(crate) struct BuildCollector<'a> {
     pub(super) ctx: &'a Ctx<'a>,
     pub(super) level: Level,
     pub(super) state: Mutex<CollectorState>,
-    /// Signalled when rows taken out of a spilled partition are written
-    /// (`Writes` counted one more ended).
-    pub(super) written: Condvar,
+    /// The writes of rows taken out of spilled partitions, from when they are taken
+    /// out until they are written (or abandoned).
+    pub(super) writes_out: WritesOut,
     pub(super) base: MemoryReservation,
     pub(super) spill_schema: SchemaRef,
     pub(super) largest_batch_bytes: AtomicUsize,
@@ -165,7 +166,7 @@ impl<'a> BuildCollector<'a> {
                 writes: Writes::default(),
                 bloom_reserve,
             }),
-            written: Condvar::new(),
+            writes_out: WritesOut::default(),
             spill_schema: ctx.plan.spill_schema(true),
             widths,
             gathers: gatherable(&ctx.plan.spill_schema(true)),

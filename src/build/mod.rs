@@ -50,7 +50,7 @@
 //! - [`write_outside_lock`]: the protocol by which a spilled partition's buffered rows
 //!   are taken out under the collector's lock and written after it is released
 //!   (`Unwritten`, `WriteEnded`), and how a worker short of memory waits for such a
-//!   write.
+//!   write: the build's side of [`crate::write_out`], which the probe shares.
 //! - [`finish`]: the end of the input — forced spills, the probe's headroom, which
 //!   partitions keep a table in memory, and finishing every partition (in memory or
 //!   closed on disk).

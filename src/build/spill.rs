@@ -142,7 +142,7 @@ impl BuildCollector<'_> {
         &self,
         state: &mut CollectorState,
         p: usize,
-    ) -> Result<Option<Unwritten>> {
+    ) -> Result<Option<Unwritten<'_>>> {
         let ctx = self.ctx;
         self.any_spilled.store(true, Ordering::Relaxed);
         let Some(part) = state.partitions.get_mut(p) else {
@@ -164,7 +164,7 @@ impl BuildCollector<'_> {
         // (From now on a gathering buffer holds a batch at a time, not all the rows a
         // one-partition build expected to keep, `Level::build_rows`:
         // `PartitionBuffer::take_unwritten` sees to it.)
-        let unwritten = state.take_unwritten(p, self.plan().work_rows)?;
+        let unwritten = state.take_unwritten(p, self.plan().work_rows, &self.writes_out)?;
         let Some(part) = state.partitions.get_mut(p) else {
             return Ok(unwritten);
         };
@@ -176,7 +176,9 @@ impl BuildCollector<'_> {
             if let Some(u) = &unwritten {
                 if let Err(e) = self.fill_bloom(&mut bloom, u) {
                     // The rows taken out will not be written.
-                    self.abandon_write(&mut state.writes, u.bytes);
+                    if let Some(u) = unwritten {
+                        self.abandon_write(&mut state.writes, u);
+                    }
                     return Err(e);
                 }
             }
@@ -220,7 +222,7 @@ impl BuildCollector<'_> {
     /// Adds the hashes of rows taken out of a partition that is spilling to its bloom
     /// filter. Word-key rows keep no hashes: their keys are hashed again (a transient
     /// buffer of at most a batch's rows).
-    fn fill_bloom(&self, bloom: &mut Bloom, u: &Unwritten) -> Result<()> {
+    fn fill_bloom(&self, bloom: &mut Bloom, u: &Unwritten<'_>) -> Result<()> {
         let mut again = Vec::new();
         for (batch, hashes) in &u.fragments {
             let hashes = if hashes.len() == batch.num_rows() {

@@ -1,15 +1,15 @@
-//! Writing a spilled partition's rows outside the collector's lock: the protocol by
-//! which a full buffer is taken out under the lock, written after the lock is
-//! released, and waited for by workers short of memory. Its own file so that the
-//! protocol reads in one place (the probe's spill writes follow the same pattern).
+//! Writing a spilled partition's rows outside the collector's lock: the build's
+//! side of the protocol in [`crate::write_out`] (the probe follows the same one). A
+//! full buffer is taken out under the lock, written after the lock is released, and
+//! waited for by workers short of memory.
 //!
 //! ```text
 //!  worker, collector's lock held          worker, collector's lock released
 //!  ─────────────────────────────          ─────────────────────────────────
 //!  take_unwritten ─► Unwritten ─────────► write_unwritten: writer's lock only
 //!   (bytes stay in the reservation,        └─ WriteEnded (on drop, panics too):
-//!    counted in `Writes`)                     bytes shrunk, `Writes` counts one
-//!                                             more ended, `written` notified
+//!    counted in `Writes`; a WriteOut         bytes shrunk and `Writes` told,
+//!    started)                                 then the WriteOut ends: waiters wake
 //!  short of memory, nothing to spill
 //!  but writes under way ─► wait_for_a_write (until the next write ends, or the
 //!                           join is cancelled; looks every WRITE_WAIT)
@@ -20,11 +20,12 @@
 //!   the buffer is out of the collector) takes the rows out;
 //! - [`BuildCollector::write_unwritten`] writes them, and [`BuildCollector::write_out`]
 //!   does both for a partition under a given guard;
-//! - [`Writes`] says whether writes are under way, and [`BuildCollector::wait_for_a_write`]
-//!   waits for the next one to end;
+//! - [`Writes`] says whether writes are under way (and how many bytes, and whether
+//!   of victims: the build's victim choice needs that), and
+//!   [`BuildCollector::wait_for_a_write`] waits for the next one to end
+//!   ([`WritesOut::wait_since`]);
 //! - [`finish_shared`] closes a writer once no write holds it.
 
-use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use arrow_array::RecordBatch;
@@ -33,10 +34,7 @@ use spilljoin_spill::{SpillFile, SpillWriter};
 use super::collector::{BuildCollector, CollectorState, PartitionBuffer};
 use crate::batches::lock;
 use crate::error::{JoinError, Result};
-
-/// How long a build worker waiting for a write to end sleeps before it looks again
-/// whether the join was cancelled ([`BuildCollector::wait_for_a_write`]).
-const WRITE_WAIT: std::time::Duration = std::time::Duration::from_millis(50);
+use crate::write_out::{WriteOut, WritesOut};
 
 /// A spilled partition's writer, shared between the collector and a worker writing
 /// rows taken out of the partition's buffers. Lock order: the collector's state
@@ -47,13 +45,17 @@ pub(super) type SharedWriter = Arc<Mutex<SpillWriter>>;
 /// written without it ([`BuildCollector::write_unwritten`]). Their bytes stay in the
 /// collector's reservation, counted in [`Writes`], until they are written: a worker
 /// short of memory with nothing else to spill waits for them.
-pub(super) struct Unwritten {
+pub(super) struct Unwritten<'w> {
     pub(super) writer: SharedWriter,
     pub(super) gathered: Option<RecordBatch>,
     pub(super) fragments: Vec<(RecordBatch, Vec<u64>)>,
     pub(super) bytes: usize,
     /// The rows of a partition that has just spilled ([`Writes::mark_victim`]).
     victim: bool,
+    /// The write, counted out until it ends; none for rows taken out of a buffer
+    /// that is no longer the collector's (at the end of the build), which no worker
+    /// waits for.
+    out: Option<WriteOut<'w>>,
 }
 
 /// The writes under way of rows taken out of spilled partitions, kept in the
@@ -63,9 +65,6 @@ pub(super) struct Writes {
     /// Bytes of rows taken out of spilled partitions and being written: still held in
     /// the collector's reservation, in no partition, and given back when written.
     unwritten_bytes: usize,
-    /// How many such writes have ended (a worker waiting for memory waits for the
-    /// next, not for all: others may keep taking rows out meanwhile).
-    ended: u64,
     /// How many of them are of partitions that have just spilled: a worker short of
     /// memory waits for such a write to end before it spills one more partition,
     /// which might not have had to spill.
@@ -86,7 +85,7 @@ impl Writes {
 
     /// Marks `unwritten` as the rows of a partition that has just spilled, and counts
     /// it among the victims' writes until it ends.
-    pub(super) fn mark_victim(&mut self, unwritten: Unwritten) -> Unwritten {
+    pub(super) fn mark_victim<'w>(&mut self, unwritten: Unwritten<'w>) -> Unwritten<'w> {
         self.victims += 1;
         Unwritten {
             victim: true,
@@ -98,31 +97,29 @@ impl Writes {
     /// spilled). Saturating: a panic here, while a panic unwinds, would abort.
     fn end(&mut self, bytes: usize, victim: bool) {
         self.unwritten_bytes = self.unwritten_bytes.saturating_sub(bytes);
-        self.ended += 1;
         self.victims = self.victims.saturating_sub(usize::from(victim));
     }
 }
 
 /// The end of a write of rows taken out of a spilled partition
-/// ([`BuildCollector::write_unwritten`]), when dropped: their memory goes back and the
-/// workers waiting for a write to end are woken. (The writer's lock is released by
-/// then, so the collector's may be taken.)
+/// ([`BuildCollector::write_unwritten`]), when dropped: their memory goes back, and
+/// then (its field dropped after `drop`) the write ends, which wakes the workers
+/// waiting for it. (The writer's lock is released by then, so the collector's may
+/// be taken.)
 struct WriteEnded<'c, 'a> {
     collector: &'c BuildCollector<'a>,
     bytes: usize,
     victim: bool,
+    _out: Option<WriteOut<'c>>,
 }
 
 impl Drop for WriteEnded<'_, '_> {
     fn drop(&mut self) {
-        {
-            let mut state = lock(&self.collector.state);
-            // Saturating: a panic here, while a panic unwinds, would abort.
-            let held = state.reservation.size();
-            state.reservation.shrink(self.bytes.min(held));
-            state.writes.end(self.bytes, self.victim);
-        }
-        self.collector.written.notify_all();
+        let mut state = lock(&self.collector.state);
+        // Saturating: a panic here, while a panic unwinds, would abort.
+        let held = state.reservation.size();
+        state.reservation.shrink(self.bytes.min(held));
+        state.writes.end(self.bytes, self.victim);
     }
 }
 
@@ -145,7 +142,10 @@ impl PartitionBuffer {
     /// grown from nothing by doubling, they would copy what they hold once more in a
     /// dozen allocations for every batch written. (What `MutableBuffer::reallocate`
     /// still costs is the growth of partitions not yet spilled.)
-    pub(super) fn take_unwritten(&mut self, batch_rows: usize) -> Result<Option<Unwritten>> {
+    pub(super) fn take_unwritten(
+        &mut self,
+        batch_rows: usize,
+    ) -> Result<Option<Unwritten<'static>>> {
         let Some(writer) = self.writer.as_ref() else {
             return Ok(None);
         };
@@ -166,6 +166,7 @@ impl PartitionBuffer {
             fragments: std::mem::take(&mut self.fragments),
             bytes: self.bytes,
             victim: false,
+            out: None,
         };
         self.bytes = 0;
         self.rows = 0;
@@ -175,20 +176,32 @@ impl PartitionBuffer {
 
 impl CollectorState {
     /// Takes spilled partition `p`'s buffered rows out, to be written without the
-    /// collector's lock ([`BuildCollector::write_unwritten`]).
-    pub(super) fn take_unwritten(
+    /// collector's lock ([`BuildCollector::write_unwritten`]), and counts their write
+    /// as out in `writes_out` from now (the lock is held) until it ends.
+    pub(super) fn take_unwritten<'w>(
         &mut self,
         p: usize,
         batch_rows: usize,
-    ) -> Result<Option<Unwritten>> {
-        let unwritten = match self.partitions.get_mut(p) {
-            Some(part) => part.take_unwritten(batch_rows)?,
-            None => None,
+        writes_out: &'w WritesOut,
+    ) -> Result<Option<Unwritten<'w>>> {
+        let Some(u) = self
+            .partitions
+            .get_mut(p)
+            .map(|part| part.take_unwritten(batch_rows))
+            .transpose()?
+            .flatten()
+        else {
+            return Ok(None);
         };
-        if let Some(u) = &unwritten {
-            self.writes.unwritten_bytes += u.bytes;
-        }
-        Ok(unwritten)
+        self.writes.unwritten_bytes += u.bytes;
+        Ok(Some(Unwritten {
+            writer: u.writer,
+            gathered: u.gathered,
+            fragments: u.fragments,
+            bytes: u.bytes,
+            victim: u.victim,
+            out: Some(writes_out.start()),
+        }))
     }
 }
 
@@ -200,20 +213,21 @@ impl BuildCollector<'_> {
         mut guard: MutexGuard<'_, CollectorState>,
         p: usize,
     ) -> Result<()> {
-        let unwritten = guard.take_unwritten(p, self.plan().work_rows)?;
+        let unwritten = guard.take_unwritten(p, self.plan().work_rows, &self.writes_out)?;
         drop(guard);
         unwritten.map_or(Ok(()), |u| self.write_unwritten(u))
     }
 
     /// Writes rows taken out of a spilled partition ([`PartitionBuffer::take_unwritten`])
     /// with only its writer locked, then gives their memory back.
-    pub(super) fn write_unwritten(&self, unwritten: Unwritten) -> Result<()> {
+    pub(super) fn write_unwritten<'c>(&'c self, unwritten: Unwritten<'c>) -> Result<()> {
         let Unwritten {
             writer,
             gathered,
             fragments,
             bytes,
             victim,
+            out,
         } = unwritten;
         // Ends the write however `write_rows` returns, a panic included: workers
         // waiting for memory wait for this write to end.
@@ -221,38 +235,33 @@ impl BuildCollector<'_> {
             collector: self,
             bytes,
             victim,
+            _out: out,
         };
         self.write_rows(&writer, gathered, fragments, |_| {})
     }
 
-    /// Counts rows taken out (`bytes` of them) that will not be written after all,
-    /// as a write that ended, and wakes the waiting workers: no worker may wait for
-    /// their write to end. (Their memory stays held: the join is failing.)
-    pub(super) fn abandon_write(&self, writes: &mut Writes, bytes: usize) {
-        writes.unwritten_bytes = writes.unwritten_bytes.saturating_sub(bytes);
-        writes.ended += 1;
-        self.written.notify_all();
+    /// Gives up on writing rows taken out: their bytes are no longer counted as
+    /// being written, and dropping `unwritten` ends its write, which wakes the
+    /// waiting workers: no worker may wait for it. (Their memory stays held: the
+    /// join is failing.)
+    pub(super) fn abandon_write(&self, writes: &mut Writes, unwritten: Unwritten<'_>) {
+        writes.unwritten_bytes = writes.unwritten_bytes.saturating_sub(unwritten.bytes);
     }
 
     /// Waits until the next write of rows taken out of a spilled partition ends (their
     /// memory is back), and says that something was freed. The wait gives up once the
     /// join is cancelled — another worker failed — and wakes every
-    /// [`WRITE_WAIT`] to look: no worker waits for a write that will never end.
+    /// [`WRITE_WAIT`](crate::write_out::WRITE_WAIT) to look: no worker waits for a write that will never end.
     ///
     /// # Errors
     /// [`JoinError::Cancelled`] when the join was cancelled meanwhile.
     pub(super) fn wait_for_a_write(&self, guard: MutexGuard<'_, CollectorState>) -> Result<bool> {
-        let seen = guard.writes.ended;
-        let cancelled = || self.ctx.cancel.load(Ordering::Relaxed);
-        let _written = self
-            .written
-            .wait_timeout_while(guard, WRITE_WAIT, |s| {
-                s.writes.ended == seen && !cancelled()
-            })
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
-        if cancelled() {
-            return Err(JoinError::Cancelled);
-        }
+        // The mark is taken under the collector's lock, which every write's end
+        // takes before it counts as ended: a write the guard saw under way cannot
+        // end unseen.
+        let mark = self.writes_out.mark();
+        drop(guard);
+        self.writes_out.wait_since(mark, self.ctx.cancel)?;
         Ok(true)
     }
 }

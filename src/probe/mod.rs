@@ -29,7 +29,7 @@
 //!   partition, written when full or when memory is short, and the tally that
 //!   decides whether the partitions' bloom filters are worth consulting;
 //! - `in_flight.rs`: buffers taken out of their partition to be written outside its
-//!   lock, and the wait for them of a worker short of memory;
+//!   lock (the protocol itself, shared with the build, is [`crate::write_out`]);
 //! - `emit.rs`: the rows a join type outputs without a partner: probe rows after
 //!   each batch, build rows once every worker is done, and build rows whose key can
 //!   never match.

@@ -22,12 +22,13 @@ use arrow_select::concat::concat_batches;
 use spilljoin_memory::{MemoryError, MemoryReservation};
 use spilljoin_spill::{SpillFile, SpillWriter};
 
-use super::in_flight::{Full, FullRows, ToWrite, Waited};
+use super::in_flight::{Full, FullRows, ToWrite};
 use super::state::ProbeState;
 use crate::batches::{attach_hashes, batch_bytes, lock, write_counted};
 use crate::context::Ctx;
 use crate::error::{JoinError, Result};
 use crate::gather::{GatherBuffer, Growth};
+use crate::write_out::Waited;
 
 /// Probe rows bound for one spilled partition, buffered and written a batch at a time.
 #[derive(Debug)]
@@ -129,7 +130,7 @@ impl ProbeState {
     /// which one did come back are not counted: each is another worker's progress
     /// through a finite input.)
     fn wait_or(&self, ctx: &Ctx<'_>, attempt: &mut u32, e: MemoryError) -> Result<()> {
-        let waited = self.in_flight.wait(ctx.cancel)?;
+        let waited = self.writes_out.wait(ctx.cancel)?;
         if waited == Waited::Ended {
             return Ok(());
         }
@@ -414,11 +415,10 @@ impl ProbeState {
             _ => FullRows::Pending(std::mem::take(&mut spill.pending)),
         };
         spill.rows = 0;
-        self.in_flight.started();
         Ok(Some(Full {
             rows,
             reservation: spill.reservation.take(),
-            in_flight: &self.in_flight,
+            _out: self.writes_out.start(),
         }))
     }
 
@@ -560,7 +560,7 @@ const BLOOM_RETRY_MAX_SHIFT: u32 = 4;
 const BLOOM_MIN_SKIP_SHARE: u64 = 4;
 
 /// How many times a probe worker frees its spill buffers and tries a reservation
-/// again, after waiting up to [`WRITE_WAIT`](super::in_flight::WRITE_WAIT) for a
+/// again, after waiting up to [`WRITE_WAIT`](crate::write_out::WRITE_WAIT) for a
 /// buffer out to come back or 1 ms when none is out, before the limit is called too
 /// small ([`ProbeState::wait_or`]).
 pub(super) const RESERVE_RETRIES: u32 = 16;

@@ -10,13 +10,13 @@ use std::sync::Arc;
 use arrow_schema::SchemaRef;
 use spilljoin_memory::MemoryReservation;
 
-use super::in_flight::InFlight;
 use super::spill::SpillSlot;
 use super::VisitedBits;
 use crate::build::{BuiltSide, Partition};
 use crate::context::{Ctx, Facts, Level, LevelFiles};
 use crate::error::Result;
 use crate::gather::gatherable;
+use crate::write_out::WritesOut;
 
 /// The mutable state of one execution against a built side.
 #[derive(Debug)]
@@ -30,7 +30,7 @@ pub(crate) struct ProbeState {
     /// Per partition: where probe rows of spilled partitions go.
     pub(super) spills: Vec<Option<SpillSlot>>,
     /// Buffers taken out of `spills`, being written.
-    pub(super) in_flight: InFlight,
+    pub(super) writes_out: WritesOut,
     pub(super) spill_schema: SchemaRef,
     /// The schema its files hold ([`spilljoin_spill::file_schema`]: decimals of at
     /// most 18 digits as `Int64`), in which rows are gathered: narrowed once, as
@@ -90,7 +90,7 @@ impl ProbeState {
             probe_non_empty: AtomicBool::new(facts.probe_non_empty),
             probe_has_null: AtomicBool::new(facts.probe_has_null),
             spills,
-            in_flight: InFlight::default(),
+            writes_out: WritesOut::default(),
             spill_schema: plan.spill_schema(false),
             gather_schema: Arc::clone(&gather_schema),
             gathers: gatherable(&gather_schema),

@@ -9,12 +9,14 @@ use super::column::short_column;
 use crate::error::Result;
 
 /// A bitmap's bytes once it holds `rows` bits (it doubles as it grows).
+#[inline]
 pub(super) fn bitmap_bytes(rows: usize) -> usize {
     rows.div_ceil(8) * 2 + 64
 }
 
 /// Appends the validity of rows `rows` of `data` to the `validity` of a column
 /// holding `len` rows: a validity buffer appears with the first null.
+#[inline]
 pub(super) fn append_validity(
     validity: &mut Option<BooleanBufferBuilder>,
     data: &ArrayData,
@@ -46,6 +48,7 @@ pub(super) fn finish_validity(validity: &mut Option<BooleanBufferBuilder>) -> Op
 ///
 /// # Errors
 /// [`crate::JoinError::Internal`] if `data`'s bitmap is shorter than its rows.
+#[inline]
 pub(super) fn append_bools(
     bits: &mut BooleanBufferBuilder,
     data: &ArrayData,

@@ -149,17 +149,20 @@ impl Dict {
     }
 
     /// The bytes a key takes.
+    #[inline]
     pub(super) fn width(&self) -> usize {
         self.key_width
     }
 
     /// The bytes of the values gathered.
+    #[inline]
     pub(super) fn data_bytes(&self) -> usize {
         self.values.data_bytes() + self.values_len * self.values.width()
     }
 
     /// Whether the keys can address the new values `growth` may bring, and the
     /// values column admits their data.
+    #[inline]
     pub(super) fn admits(&self, growth: &ColumnGrowth) -> bool {
         (self.values_len + growth.values) as u64 <= self.key_max.saturating_add(1)
             && self.values.admits(
@@ -173,6 +176,7 @@ impl Dict {
 
     /// The bytes its keys, values and source mappings may hold once `more` rows of
     /// `growth` are added, if the keys are first allocated for `expected` rows.
+    #[inline]
     pub(super) fn capacity_after(
         &self,
         more: usize,
@@ -223,6 +227,7 @@ impl Dict {
 
     /// Appends rows `rows` of `data`: their keys mapped to keys of its own, the
     /// values first used gathered; keys first allocated for `expected` rows.
+    #[inline]
     pub(super) fn append(&mut self, data: &ArrayData, rows: &[u32], expected: usize) -> Result<()> {
         let Some(values) = data.child_data().first() else {
             return Err(short_column());

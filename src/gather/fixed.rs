@@ -65,6 +65,7 @@ impl Fixed {
 
     /// The bytes its values may hold once `more` rows are added, if first allocated
     /// for `expected` rows.
+    #[inline]
     pub(super) fn capacity_after(&self, more: usize, expected: usize) -> usize {
         self.values
             .resident_after(more * self.width, expected.saturating_mul(self.width))
@@ -72,6 +73,7 @@ impl Fixed {
 
     /// Appends rows `rows` of `data` (not a narrowed decimal's: those are gathered
     /// first, by the buffer).
+    #[inline]
     pub(super) fn append(&mut self, data: &ArrayData, rows: &[u32], first: usize) -> Result<()> {
         let source = self.source_of(data).unwrap_or_default();
         if self.halved {

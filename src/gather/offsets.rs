@@ -96,6 +96,7 @@ impl Bytes {
     }
 
     /// The bytes an offset takes.
+    #[inline]
     pub(super) fn width(&self) -> usize {
         if self.large {
             8
@@ -105,12 +106,14 @@ impl Bytes {
     }
 
     /// Bytes of data held.
+    #[inline]
     pub(super) fn data_bytes(&self) -> usize {
         self.data.len()
     }
 
     /// Whether data growing by `growth` keeps 32-bit offsets addressable (large
     /// offsets always do).
+    #[inline]
     pub(super) fn admits(&self, growth: &ColumnGrowth) -> bool {
         self.large || self.data.len() + growth.data <= i32::MAX as usize
     }
@@ -118,6 +121,7 @@ impl Bytes {
     /// The bytes its offsets and data may hold once `more` rows of `growth` join the
     /// `len` held (the first row brings the leading offset), if first allocated for
     /// `expected` rows.
+    #[inline]
     pub(super) fn capacity_after(
         &self,
         len: usize,

@@ -94,12 +94,14 @@ impl Views {
     }
 
     /// Bytes of data held, in blocks sealed and the one being filled.
+    #[inline]
     pub(super) fn data_bytes(&self) -> usize {
         self.sealed_bytes + self.block.len()
     }
 
     /// The bytes its views and blocks may hold once `more` rows of `growth` are
     /// added, if first allocated for `expected` rows.
+    #[inline]
     pub(super) fn capacity_after(
         &self,
         more: usize,
@@ -115,6 +117,7 @@ impl Views {
     }
 
     /// Appends rows `rows` of `data`, buffers first allocated for `expected` rows.
+    #[inline]
     pub(super) fn append(&mut self, data: &ArrayData, rows: &[u32], expected: usize) -> Result<()> {
         let views = views_of(data);
         if views.len() != data.len() {

@@ -112,6 +112,16 @@ impl Drop for FlightGuard<'_> {
     }
 }
 
+/// What a request finds in the cache ([`BuildCache::claim`]).
+enum Claim {
+    /// A ready build.
+    Ready(PreparedBuild),
+    /// Another request's build in progress.
+    Building(Arc<Flight>),
+    /// Nothing: this request builds, as this flight.
+    Ours(Arc<Flight>),
+}
+
 impl BuildCache {
     /// A cache whose builds may hold up to `budget_bytes` of memory (their
     /// [`PreparedBuild::memory_bytes`]) while nobody uses them. Builds in use are never
@@ -134,28 +144,10 @@ impl BuildCache {
     where
         F: FnOnce() -> Result<PreparedBuild>,
     {
-        let flight = {
-            let mut state = lock(&self.state);
-            state.clock += 1;
-            let now = state.clock;
-            match state.entries.get_mut(&key) {
-                Some(Entry::Ready { build, last_used }) => {
-                    *last_used = now;
-                    return Ok(build.clone());
-                }
-                Some(Entry::Building(flight)) => {
-                    let flight = Arc::clone(flight);
-                    drop(state);
-                    return flight.wait();
-                }
-                None => {
-                    let flight = Arc::new(Flight::default());
-                    state
-                        .entries
-                        .insert(key.clone(), Entry::Building(Arc::clone(&flight)));
-                    flight
-                }
-            }
+        let flight = match self.claim(&key) {
+            Claim::Ready(build) => return Ok(build),
+            Claim::Building(flight) => return flight.wait(),
+            Claim::Ours(flight) => flight,
         };
         let mut guard = FlightGuard {
             cache: self,
@@ -167,43 +159,7 @@ impl BuildCache {
         guard.completed = true;
         match result {
             Ok(build) => {
-                {
-                    let mut state = lock(&self.state);
-                    state.clock += 1;
-                    let now = state.clock;
-                    // A newer version replaces the older ones; an older one that
-                    // finishes after a newer is cached is handed out, not cached.
-                    let newer_cached = state.entries.iter().any(|(k, e)| {
-                        k.identity == key.identity
-                            && k.version > key.version
-                            && matches!(e, Entry::Ready { .. })
-                    });
-                    let still_ours = matches!(
-                        state.entries.get(&key),
-                        Some(Entry::Building(f)) if Arc::ptr_eq(f, &flight)
-                    );
-                    if newer_cached || !still_ours {
-                        // Invalidated while building, or superseded: hand it out,
-                        // do not cache it.
-                        if still_ours {
-                            state.entries.remove(&key);
-                        }
-                    } else {
-                        state.entries.retain(|k, e| {
-                            k.identity != key.identity
-                                || k.version >= key.version
-                                || matches!(e, Entry::Building(_))
-                        });
-                        state.entries.insert(
-                            key.clone(),
-                            Entry::Ready {
-                                build: build.clone(),
-                                last_used: now,
-                            },
-                        );
-                        self.evict(&mut state);
-                    }
-                }
+                self.settle(&key, &flight, &build);
                 flight.complete(Ok(build.clone()));
                 Ok(build)
             }
@@ -214,6 +170,71 @@ impl BuildCache {
                 Err(JoinError::SharedBuildFailed(shared))
             }
         }
+    }
+
+    /// What the cache has for `key`: a ready build (now most recently used), a build
+    /// in progress to wait for, or neither, in which case a flight of the caller's
+    /// own is entered for it. The lock is released before it returns.
+    fn claim(&self, key: &BuildKey) -> Claim {
+        let mut state = lock(&self.state);
+        state.clock += 1;
+        let now = state.clock;
+        match state.entries.get_mut(key) {
+            Some(Entry::Ready { build, last_used }) => {
+                *last_used = now;
+                Claim::Ready(build.clone())
+            }
+            Some(Entry::Building(flight)) => Claim::Building(Arc::clone(flight)),
+            None => {
+                let flight = Arc::new(Flight::default());
+                state
+                    .entries
+                    .insert(key.clone(), Entry::Building(Arc::clone(&flight)));
+                Claim::Ours(flight)
+            }
+        }
+    }
+
+    /// Caches `build`, made by `flight` for `key`, in place of the flight, and drops
+    /// the older versions of its identity; unless the flight was invalidated while
+    /// building or a newer version is cached already, when the build is only handed
+    /// out.
+    fn settle(&self, key: &BuildKey, flight: &Arc<Flight>, build: &PreparedBuild) {
+        let mut state = lock(&self.state);
+        state.clock += 1;
+        let now = state.clock;
+        // A newer version replaces the older ones; an older one that
+        // finishes after a newer is cached is handed out, not cached.
+        let newer_cached = state.entries.iter().any(|(k, e)| {
+            k.identity == key.identity
+                && k.version > key.version
+                && matches!(e, Entry::Ready { .. })
+        });
+        let still_ours = matches!(
+            state.entries.get(key),
+            Some(Entry::Building(f)) if Arc::ptr_eq(f, flight)
+        );
+        if newer_cached || !still_ours {
+            // Invalidated while building, or superseded: hand it out,
+            // do not cache it.
+            if still_ours {
+                state.entries.remove(key);
+            }
+            return;
+        }
+        state.entries.retain(|k, e| {
+            k.identity != key.identity
+                || k.version >= key.version
+                || matches!(e, Entry::Building(_))
+        });
+        state.entries.insert(
+            key.clone(),
+            Entry::Ready {
+                build: build.clone(),
+                last_used: now,
+            },
+        );
+        self.evict(&mut state);
     }
 
     /// The cached build for `key`, if it is ready (marks it used).

@@ -8,13 +8,13 @@
 //!
 //! Output batches are memory the join holds like any other: a batch of 8192 rows of
 //! 1.2 KB is 10 MB, and a channel of four of them with one being assembled per worker
-//! took a 64 MiB join to 144 MiB of RSS. The [`OutputGate`] counts every byte of
-//! them in the pool and caps what is in flight at once ([`OutputGate::cap_bytes`]):
-//! a worker that would exceed it, or that the pool refuses, waits for the caller to
-//! take a batch. One that finds the channel empty never waits (nothing would wake
-//! it): what it has assembled exists already, and is counted even past the limit —
-//! at most a batch's bytes per worker, which the sink keeps to a piece of the limit
-//! (`JoinPlan::piece_bytes`).
+//! took a join under a small limit far past it in RSS. The [`OutputGate`] counts
+//! every byte of them in the pool and caps what is in flight at once
+//! ([`OutputGate::cap_bytes`]): a worker that would exceed it, or that the pool
+//! refuses, waits for the caller to take a batch. One that finds the channel empty
+//! never waits (nothing would wake it): what it has assembled exists already, and is
+//! counted even past the limit — at most a batch's bytes per worker, which the sink
+//! keeps to a piece of the limit (`JoinPlan::piece_bytes`).
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
@@ -224,8 +224,8 @@ mod tests {
 
     /// Found in review: pieces of a few rows each count more than the batch made of
     /// them (each piece its columns' overhead); the leftover stayed reserved until
-    /// the sink finished, 650 KB of a 2.5 MiB limit. And that overhead made the rows
-    /// look wide enough to shrink the batches.
+    /// the sink finished, a large share of a small limit. And that overhead made the
+    /// rows look wide enough to shrink the batches.
     #[test]
     fn a_sink_of_small_pieces_holds_no_more_than_its_batches() -> Result<()> {
         use arrow_array::{ArrayRef, Int64Array};

@@ -119,8 +119,7 @@ impl std::fmt::Display for JoinPhase {
 /// threads), instead of a file per partition. A level under
 /// a small limit spills every partition on both sides, and creating (and
 /// deleting) a file costs more than writing it where the file system scans past
-/// recently deleted inodes: SF1 orders ⋈ lineitem at a 5% limit spent a quarter of
-/// its CPU time creating its 128 files, after a few hundred runs before it.
+/// recently deleted inodes (see [`SpillGroup`]).
 #[derive(Debug)]
 pub(crate) struct LevelFiles {
     group: SpillGroup,

@@ -53,19 +53,30 @@ impl OutputLayout {
         right: &Schema,
         projection: Option<&[usize]>,
     ) -> Result<Self> {
-        let sides = join_type.output_sides();
         let resolved = join_type.resolve(build);
-        let names = |s: &Schema| {
-            s.fields()
-                .iter()
-                .map(|f| f.name().clone())
-                .collect::<HashSet<_>>()
+        let (fields, sources) = Self::full(join_type, build, left, right);
+        debug_assert_eq!(resolved.emits_pairs(), join_type.output_sides().len() == 2);
+        let (fields, sources) = match projection {
+            Some(projection) => Self::project(&fields, &sources, projection)?,
+            None => (fields, sources),
         };
-        let shared: HashSet<String> = if sides.len() == 2 {
-            names(left).intersection(&names(right)).cloned().collect()
-        } else {
-            HashSet::new()
-        };
+        Ok(Self {
+            schema: Arc::new(Schema::new(fields)),
+            sources,
+        })
+    }
+
+    /// Every output column of `join_type` (before a projection) and where each
+    /// comes from: the sides' columns as [`new`](Self::new) names them, a side
+    /// padded with nulls nullable, then `mark`.
+    fn full(
+        join_type: JoinType,
+        build: Side,
+        left: &Schema,
+        right: &Schema,
+    ) -> (Vec<Field>, Vec<Source>) {
+        let sides = join_type.output_sides();
+        let shared = Self::shared_names(sides.len() == 2, left, right);
         let mut fields = Vec::new();
         let mut sources = Vec::new();
         for &side in sides {
@@ -98,26 +109,47 @@ impl OutputLayout {
             fields.push(Field::new(MARK_COLUMN, DataType::Boolean, false));
             sources.push(Source::Mark);
         }
-        debug_assert_eq!(resolved.emits_pairs(), sides.len() == 2);
-        if let Some(projection) = projection {
-            let (mut picked_fields, mut picked_sources) = (vec![], vec![]);
-            for &i in projection {
-                if i >= fields.len() {
-                    return Err(JoinError::InvalidJoin(format!(
-                        "projection index {i} is out of range: the join has {} output columns",
-                        fields.len()
-                    )));
-                }
-                picked_fields.push(fields[i].clone());
-                picked_sources.push(sources[i]);
-            }
-            fields = picked_fields;
-            sources = picked_sources;
+        (fields, sources)
+    }
+
+    /// The column names both sides have, when both are output (`both`): those are
+    /// written with their side's name in front.
+    fn shared_names(both: bool, left: &Schema, right: &Schema) -> HashSet<String> {
+        let names = |s: &Schema| {
+            s.fields()
+                .iter()
+                .map(|f| f.name().clone())
+                .collect::<HashSet<_>>()
+        };
+        if both {
+            names(left).intersection(&names(right)).cloned().collect()
+        } else {
+            HashSet::new()
         }
-        Ok(Self {
-            schema: Arc::new(Schema::new(fields)),
-            sources,
-        })
+    }
+
+    /// The columns `projection` picks of `fields` (and their `sources`), in its
+    /// order.
+    ///
+    /// # Errors
+    /// [`JoinError::InvalidJoin`] if an index is past the columns.
+    fn project(
+        fields: &[Field],
+        sources: &[Source],
+        projection: &[usize],
+    ) -> Result<(Vec<Field>, Vec<Source>)> {
+        let (mut picked_fields, mut picked_sources) = (vec![], vec![]);
+        for &i in projection {
+            if i >= fields.len() {
+                return Err(JoinError::InvalidJoin(format!(
+                    "projection index {i} is out of range: the join has {} output columns",
+                    fields.len()
+                )));
+            }
+            picked_fields.push(fields[i].clone());
+            picked_sources.push(sources[i]);
+        }
+        Ok((picked_fields, picked_sources))
     }
 
     /// Gathers `num_rows` output rows: probe columns by `probe` indices, build columns
@@ -269,8 +301,8 @@ impl OutputSink {
             // The batch's share of what its pieces were reserved for, by rows: pieces
             // count more than the batch made of them (each its columns' overhead, a
             // dictionary's values), and what is left over would stay reserved until
-            // the sink finishes (under a 2.5 MiB limit, 650 KB of pieces of a few
-            // rows each, which starved the probe).
+            // the sink finishes (under a small limit, pieces of a few rows each
+            // left over held a large share of it, which starved the probe).
             let rows = batch.num_rows();
             let assembled = if rows >= self.assembled_rows {
                 self.assembled

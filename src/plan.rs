@@ -82,10 +82,9 @@ impl JoinPlan {
 
     /// Whether spill files carry each row's key hash ([`crate::batches::HASH_COLUMN`]).
     /// Word keys (one fixed-width column of at most 8 bytes) do not: hashing a word
-    /// again when its file is read back costs 2–3 ns a row (`benches/kernels.rs`,
-    /// "hash u64"), less than writing and reading 8 more bytes a row (a third of an
-    /// orders ⋈ lineitem spill row), and their in-memory partitions drop their hashes
-    /// anyway.
+    /// again when its file is read back (`benches/kernels.rs`, "hash u64") costs less
+    /// than writing and reading 8 more bytes a row (a third of an orders ⋈ lineitem
+    /// spill row), and their in-memory partitions drop their hashes anyway.
     pub fn spills_hashes(&self) -> bool {
         !self.keys.is_word_key()
     }
@@ -145,8 +144,8 @@ impl JoinPlan {
 /// The rows the join processes at a time: `batch_size`, but under a small limit at
 /// most `limit / (threads × 1 KiB)` (each worker's buffers take a few dozen bytes
 /// per row of a batch), and at least [`MIN_WORK_ROWS`]: smaller pieces cost more in
-/// per-piece overhead than they save (SF1 orders ⋈ lineitem at 3.4 MiB: 2.1 s with
-/// 435-row pieces, 0.74 s with 8192).
+/// per-piece overhead than they save (a join under a tiny limit ran several times
+/// slower with pieces of a few hundred rows than with whole batches).
 pub(crate) fn work_rows_for(batch_size: usize, limit_bytes: usize, threads: usize) -> usize {
     let by_memory = limit_bytes / (threads.max(1) * 1024);
     batch_size.min(by_memory.max(MIN_WORK_ROWS))
@@ -174,8 +173,7 @@ impl JoinPlan {
     /// [`piece_bytes`](Self::piece_bytes). [`MIN_WORK_ROWS`] narrow rows are a few
     /// dozen KiB, but a thousand rows of 8 KiB strings are 8 MiB a piece, several
     /// times over per worker: without this, the floor of a join of wide rows grew
-    /// with `threads × MIN_WORK_ROWS × row width` instead of with its batches (4
-    /// threads joining 8 MiB batches of 2 KB rows needed 29 MiB).
+    /// with `threads × MIN_WORK_ROWS × row width` instead of with its batches.
     pub(crate) fn piece_rows(&self, batch: &RecordBatch) -> usize {
         self.piece_rows_of(batch.num_rows(), crate::batches::batch_bytes(batch))
     }

@@ -4,8 +4,8 @@
 //! so it counts without a lock: the pool's total and peak are atomics, and each
 //! consumer's counters are atomics found through a map that only registering and
 //! unregistering a consumer writes. (Under one lock, with a SipHash lookup per call,
-//! it was 5.4% of the CPU samples of TPC-H SF1 orders ⋈ lineitem under a 1.7 MiB
-//! limit on two threads, much of it the two waiting for each other.)
+//! it showed in the profile of a join under a tiny limit, much of it the threads
+//! waiting for each other.)
 
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};

@@ -77,12 +77,10 @@ pub enum SpillReadMode {
     /// ordinary heap memory.
     ///
     /// The default. Only decoding an uncompressed file is faster with
-    /// [`SpillReadMode::Mmap`] (no copy: ~2.0 ms instead of ~3.2 ms per
-    /// 64 MiB on `benches/spill_io.rs`). Compressed files decode as fast or
-    /// faster this way, and a consumer that reads every byte of the batches,
-    /// as a join does, was faster with this mode in 7 of 10 runs (`read_scan`,
-    /// ~11.5 ms vs ~12 ms on a quiet machine; up to 7% slower in the other
-    /// three; see `BENCHMARKS.md`): the copy lands in cache-hot heap pages,
+    /// [`SpillReadMode::Mmap`] (no copy; `benches/spill_io.rs`). Compressed
+    /// files decode as fast or faster this way, and a consumer that reads every
+    /// byte of the batches, as a join does, was faster with this mode in most
+    /// runs (`read_scan`; see `BENCHMARKS.md`): the copy lands in cache-hot heap pages,
     /// while the mapping is read page by page from the page cache. The
     /// batches are also ordinary heap memory, and nothing another process
     /// does to the file can crash the reader.

@@ -206,8 +206,8 @@ impl SpillManager {
 /// each side) would otherwise create and delete as many files per level. On ext4
 /// without a journal, each creation scans past every inode deleted in the last
 /// minutes (`recently_deleted` in the kernel's inode allocator), so a run of
-/// joins got slower with every run before it: SF1 orders ⋈ lineitem at a 5%
-/// limit spent a quarter of its CPU time in `openat` for its 128 files.
+/// joins got slower with every run before it, until creating its files took
+/// much of a join's CPU time.
 ///
 /// A writer of the group ([`SpillGroup::create_writer`]) appends each message to
 /// the end of the shared file of its slot (the slot number modulo the group's

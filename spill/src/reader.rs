@@ -15,9 +15,9 @@
 //! 3. Arrays of files not written by this process are fully validated by
 //!    arrow while they are built (`ArrayData::validate_data` on every array
 //!    and child: buffer sizes, offsets, UTF-8, dictionary keys). Our own files
-//!    skip that ([`Trust::WrittenByUs`]): on the benchmark's string-heavy
-//!    batches validation made uncompressed reads about 2.5 times slower
-//!    (8.5 ms instead of 3.3 ms per 64 MiB).
+//!    skip that ([`Trust::WrittenByUs`]): on string-heavy batches validation
+//!    takes longer than the rest of an uncompressed read (`benches/spill_io.rs`,
+//!    figures in BENCHMARKS.md).
 //! 4. Last line of defence: arrow-ipc 59 still panics, instead of returning
 //!    an error, on some malformed input that passes the checks above. The
 //!    tests and the fuzzer found 28 distinct panic sites (one input for each
@@ -192,29 +192,7 @@ impl SpillReader {
     ) -> Result<Self, SpillError> {
         let mut source =
             MessageSource::open(path, extents, mode).map_err(|e| frame_error(path, 0, e))?;
-        let corrupt = |message: String| SpillError::Corrupt {
-            path: path.to_owned(),
-            batch_index: 0,
-            source: ArrowError::IpcError(message),
-        };
-        let message = match source.next_message() {
-            Ok(Some(message)) => message,
-            Ok(None) => return Err(corrupt("no schema message".to_owned())),
-            Err(e) => return Err(frame_error(path, 0, e)),
-        };
-        let found = decode_schema(&message).map_err(|source| SpillError::Corrupt {
-            path: path.to_owned(),
-            batch_index: 0,
-            source,
-        })?;
-        let file_schema = found.clone();
-        // Narrowed decimals read back as decimals (`narrow`).
-        let found =
-            crate::narrow::logical_schema(&found).map_err(|source| SpillError::Corrupt {
-                path: path.to_owned(),
-                batch_index: 0,
-                source,
-            })?;
+        let (file_schema, found) = read_schemas(&mut source, path)?;
         let narrowed = !std::sync::Arc::ptr_eq(&found, &file_schema);
         let schema = match expected_schema {
             Some(expected) if *expected != *found => {
@@ -231,19 +209,6 @@ impl SpillReader {
             Trust::WrittenByUs(file) => (true, Some(file)),
             Trust::Foreign => (false, None),
         };
-        let mut skip_validation = UnsafeFlag::new();
-        if trusted {
-            // SAFETY: a trusted file was encoded by arrow's IPC writer from
-            // valid arrays (every `RecordBatch` is), in this process, into a
-            // file created with `create_new` in our 0o700 directory, whose
-            // bytes nothing rewrites after `finish` (a shared file only grows
-            // past a finished stream's extents); decoding those bytes yields the
-            // same valid arrays. DataFusion skips validation of its own spill
-            // files on the same argument. Truncation and buffer bounds are
-            // still checked; only a file altered behind our back by someone
-            // with our uid could produce invalid arrays.
-            unsafe { skip_validation.set(true) };
-        }
         Ok(Self {
             path: path.to_owned(),
             schema,
@@ -252,7 +217,7 @@ impl SpillReader {
             dictionaries: HashMap::new(),
             batches_read: 0,
             trusted,
-            skip_validation,
+            skip_validation: skip_validation(trusted),
             finished: false,
             narrowed,
             _file: file,
@@ -286,73 +251,17 @@ impl SpillReader {
     }
 
     /// Decodes one message: a record batch, or `None` after storing a
-    /// dictionary.
+    /// dictionary or starting a segment.
     fn decode(&mut self, raw: &RawMessage) -> Result<Option<RecordBatch>, ArrowError> {
         let message = raw.metadata.as_ref();
-        let version = message.version();
-        let body = &raw.body;
         match message.header_type() {
-            MessageHeader::RecordBatch => {
-                let batch = message
-                    .header_as_record_batch()
-                    .ok_or_else(|| ipc_error("record batch message without a header"))?;
-                check_body(batch, body, self.trusted)?;
-                let decoder = RecordBatchDecoder::try_new(
-                    body,
-                    batch,
-                    self.file_schema.clone(),
-                    &self.dictionaries,
-                    &version,
-                )?
-                .with_require_alignment(false)
-                .with_skip_validation(self.skip_validation.clone());
-                let batch = without_panics("record batch", || decoder.read_record_batch())?;
-                if self.narrowed {
-                    crate::narrow::widen(&batch, &self.schema).map(Some)
-                } else if std::sync::Arc::ptr_eq(&self.schema, &self.file_schema) {
-                    Ok(Some(batch))
-                } else {
-                    // Equal schemas (checked at open): only the `Arc` changes.
-                    batch.with_schema(self.schema.clone()).map(Some)
-                }
-            }
+            MessageHeader::RecordBatch => self.decode_batch(raw).map(Some),
             MessageHeader::DictionaryBatch => {
-                let dictionary = message
-                    .header_as_dictionary_batch()
-                    .ok_or_else(|| ipc_error("dictionary message without a header"))?;
-                let data = dictionary
-                    .data()
-                    .ok_or_else(|| ipc_error("dictionary message without data"))?;
-                check_body(data, body, self.trusted)?;
-                let (schema, dictionaries) = (&*self.file_schema, &mut self.dictionaries);
-                let skip_validation = self.skip_validation.clone();
-                without_panics("dictionary batch", || {
-                    read_dictionary_impl(
-                        body,
-                        dictionary,
-                        schema,
-                        dictionaries,
-                        &version,
-                        false,
-                        skip_validation,
-                    )
-                })?;
+                self.store_dictionary(raw)?;
                 Ok(None)
             }
             MessageHeader::Schema => {
-                // A new segment (see `narrow`): the same logical schema, columns
-                // stored wider, dictionaries sent afresh.
-                let file_schema = decode_schema(raw)?;
-                let logical = crate::narrow::logical_schema(&file_schema)?;
-                if *logical != *self.schema {
-                    return Err(ipc_error(&format!(
-                        "a later segment's schema {logical:?} differs from the file's {:?}",
-                        self.schema
-                    )));
-                }
-                self.narrowed = !std::sync::Arc::ptr_eq(&logical, &file_schema);
-                self.file_schema = file_schema;
-                self.dictionaries.clear();
+                self.begin_segment(raw)?;
                 Ok(None)
             }
             other => Err(ipc_error(&format!(
@@ -360,6 +269,127 @@ impl SpillReader {
             ))),
         }
     }
+
+    /// Decodes a record batch message, as a batch of the reader's schema.
+    fn decode_batch(&self, raw: &RawMessage) -> Result<RecordBatch, ArrowError> {
+        let message = raw.metadata.as_ref();
+        let version = message.version();
+        let body = &raw.body;
+        let batch = message
+            .header_as_record_batch()
+            .ok_or_else(|| ipc_error("record batch message without a header"))?;
+        check_body(batch, body, self.trusted)?;
+        let decoder = RecordBatchDecoder::try_new(
+            body,
+            batch,
+            self.file_schema.clone(),
+            &self.dictionaries,
+            &version,
+        )?
+        .with_require_alignment(false)
+        .with_skip_validation(self.skip_validation.clone());
+        let batch = without_panics("record batch", || decoder.read_record_batch())?;
+        if self.narrowed {
+            crate::narrow::widen(&batch, &self.schema)
+        } else if std::sync::Arc::ptr_eq(&self.schema, &self.file_schema) {
+            Ok(batch)
+        } else {
+            // Equal schemas (checked at open): only the `Arc` changes.
+            batch.with_schema(self.schema.clone())
+        }
+    }
+
+    /// Decodes a dictionary message into the dictionaries later batches use.
+    fn store_dictionary(&mut self, raw: &RawMessage) -> Result<(), ArrowError> {
+        let message = raw.metadata.as_ref();
+        let version = message.version();
+        let body = &raw.body;
+        let dictionary = message
+            .header_as_dictionary_batch()
+            .ok_or_else(|| ipc_error("dictionary message without a header"))?;
+        let data = dictionary
+            .data()
+            .ok_or_else(|| ipc_error("dictionary message without data"))?;
+        check_body(data, body, self.trusted)?;
+        let (schema, dictionaries) = (&*self.file_schema, &mut self.dictionaries);
+        let skip_validation = self.skip_validation.clone();
+        without_panics("dictionary batch", || {
+            read_dictionary_impl(
+                body,
+                dictionary,
+                schema,
+                dictionaries,
+                &version,
+                false,
+                skip_validation,
+            )
+        })
+    }
+
+    /// Starts a new segment (see `narrow`) at a later schema message: the same
+    /// logical schema, columns stored wider, dictionaries sent afresh.
+    fn begin_segment(&mut self, raw: &RawMessage) -> Result<(), ArrowError> {
+        let file_schema = decode_schema(raw)?;
+        let logical = crate::narrow::logical_schema(&file_schema)?;
+        if *logical != *self.schema {
+            return Err(ipc_error(&format!(
+                "a later segment's schema {logical:?} differs from the file's {:?}",
+                self.schema
+            )));
+        }
+        self.narrowed = !std::sync::Arc::ptr_eq(&logical, &file_schema);
+        self.file_schema = file_schema;
+        self.dictionaries.clear();
+        Ok(())
+    }
+}
+
+/// Reads the schema message that opens the stream of `source`: the schema as
+/// written, and the logical one it reads back in (narrowed decimals as decimals,
+/// see `narrow`; the same `Arc` when nothing narrows).
+///
+/// # Errors
+/// [`SpillError::Corrupt`] if the message is missing or does not decode,
+/// [`SpillError::Io`] if it cannot be read.
+fn read_schemas(
+    source: &mut MessageSource,
+    path: &Path,
+) -> Result<(SchemaRef, SchemaRef), SpillError> {
+    let corrupt = |source: ArrowError| SpillError::Corrupt {
+        path: path.to_owned(),
+        batch_index: 0,
+        source,
+    };
+    let message = match source.next_message() {
+        Ok(Some(message)) => message,
+        Ok(None) => {
+            return Err(corrupt(ArrowError::IpcError(
+                "no schema message".to_owned(),
+            )))
+        }
+        Err(e) => return Err(frame_error(path, 0, e)),
+    };
+    let file_schema = decode_schema(&message).map_err(corrupt)?;
+    let logical = crate::narrow::logical_schema(&file_schema).map_err(corrupt)?;
+    Ok((file_schema, logical))
+}
+
+/// The decoder's flag to skip validating arrays: set for a `trusted` file only.
+fn skip_validation(trusted: bool) -> UnsafeFlag {
+    let mut skip_validation = UnsafeFlag::new();
+    if trusted {
+        // SAFETY: a trusted file was encoded by arrow's IPC writer from
+        // valid arrays (every `RecordBatch` is), in this process, into a
+        // file created with `create_new` in our 0o700 directory, whose
+        // bytes nothing rewrites after `finish` (a shared file only grows
+        // past a finished stream's extents); decoding those bytes yields the
+        // same valid arrays. DataFusion skips validation of its own spill
+        // files on the same argument. Truncation and buffer bounds are
+        // still checked; only a file altered behind our back by someone
+        // with our uid could produce invalid arrays.
+        unsafe { skip_validation.set(true) };
+    }
+    skip_validation
 }
 
 impl Iterator for SpillReader {

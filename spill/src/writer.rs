@@ -21,11 +21,12 @@
 //! No buffer sits in front of the file: a message is already one system call,
 //! and a join keeps one writer open per spilled partition and side (hundreds
 //! under a small limit), where a buffer per writer would take memory from the
-//! rows being buffered for bigger messages. Measured on `benches/spill_io.rs`
-//! (8192-row messages of ~800 KB): a `BufWriter` of 8 KiB, 64 KiB, 256 KiB or
-//! 1 MiB wrote the 64 MiB in 15.2–15.4 ms, a plain `write_all` of the same
-//! bytes 13.0–13.5 ms; see BENCHMARKS.md for the join-level figures.
+//! rows being buffered for bigger messages. And it would not pay for itself: on
+//! `benches/spill_io.rs` a `BufWriter` of any size from 8 KiB to 1 MiB wrote the
+//! same messages slower than a plain `write_all` of their bytes (figures in
+//! BENCHMARKS.md).
 
+use std::borrow::Cow;
 use std::fs::File;
 use std::io::{self, IoSlice, Write};
 use std::path::{Path, PathBuf};
@@ -343,15 +344,37 @@ impl SpillWriter {
                 found: found.clone(),
             });
         }
-        // The columns this batch could write as `Int32`; a segment that writes one
-        // of them that cannot ends, and a new one begins that writes it wide.
+        let new_segment = self.new_segment(batch);
+        let segment_schema = match &new_segment {
+            Some(halved) => crate::narrow::segment_schema(&self.file_schema, halved),
+            None => Arc::clone(&self.segment_schema),
+        };
+        let batch = self.shaped(batch, &segment_schema)?;
+        // Whatever happens next may leave the encoder's dictionary tracker
+        // ahead of the file; only success clears the flag again.
+        self.failed = true;
+        if let Some(halved) = new_segment {
+            self.begin_segment(halved, segment_schema)?;
+        }
+        self.encode(&batch)?;
+        self.failed = false;
+        self.count(batch.num_rows() as u64);
+        Ok(())
+    }
+
+    /// The columns a new segment that begins with `batch` writes as `Int32`, if one
+    /// begins: with the first batch, and when the current segment writes a column
+    /// as `Int32` that this batch's values do not fit (that segment ends, and the
+    /// new one writes the column wide).
+    fn new_segment(&self, batch: &RecordBatch) -> Option<Vec<usize>> {
+        // The columns this batch could write as `Int32`.
         let fits: Vec<usize> = self
             .halvable
             .iter()
             .copied()
             .filter(|&c| crate::narrow::fits_i32(batch.column(c)))
             .collect();
-        let new_segment = if self.encoder.is_none() {
+        if self.encoder.is_none() {
             Some(fits)
         } else if self.halved.iter().all(|c| fits.contains(c)) {
             None
@@ -363,67 +386,83 @@ impl SpillWriter {
                     .filter(|c| fits.contains(c))
                     .collect(),
             )
-        };
-        let segment_schema = match &new_segment {
-            Some(halved) => crate::narrow::segment_schema(&self.file_schema, halved),
-            None => Arc::clone(&self.segment_schema),
-        };
-        // View columns holding mostly other rows' bytes are cut to their own first
-        // (see the `compact` module): a file's bytes are bounded by its rows'.
-        let compacted = crate::compact::compact(batch).map_err(|source| SpillError::Arrow {
-            path: self.path.clone(),
-            source,
-        })?;
-        let batch = compacted.as_ref().unwrap_or(batch);
-        let converted;
-        // Written as it is only if it is in the segment's schema already (a batch of
-        // the writer's schema is when nothing narrows).
-        let batch = if Arc::ptr_eq(&segment_schema, found) || **found == *segment_schema {
-            batch
-        } else {
-            // Refused (nothing written, the writer stays usable) if a decimal does
-            // not fit in 64 bits.
-            converted = crate::narrow::narrow(batch, &segment_schema).map_err(|source| {
-                SpillError::Arrow {
-                    path: self.path.clone(),
-                    source,
-                }
-            })?;
-            &converted
-        };
-        // Whatever happens next may leave the encoder's dictionary tracker
-        // ahead of the file; only success clears the flag again.
-        self.failed = true;
+        }
+    }
+
+    /// `batch` as it is written in `segment_schema`: its view columns compacted,
+    /// then narrowed unless it is in that schema already (a batch of the writer's
+    /// schema is when nothing narrows).
+    ///
+    /// # Errors
+    /// [`SpillError::Arrow`] if a decimal does not fit in 64 bits (or arrow fails);
+    /// nothing is written then and the writer stays usable.
+    fn shaped<'b>(
+        &self,
+        batch: &'b RecordBatch,
+        segment_schema: &SchemaRef,
+    ) -> Result<Cow<'b, RecordBatch>, SpillError> {
         let arrow_error = |source| SpillError::Arrow {
             path: self.path.clone(),
             source,
         };
-        if let Some(halved) = new_segment {
-            // A new encoder writes the segment's schema message (and its
-            // dictionaries afresh) with this batch.
-            self.encoder = Some(
-                StreamEncoder::try_new_with_options(&segment_schema, self.options.clone())
-                    .map_err(arrow_error)?,
-            );
-            self.halved = halved;
-            self.segment_schema = segment_schema;
+        let found = batch.schema_ref();
+        // View columns holding mostly other rows' bytes are cut to their own first
+        // (see the `compact` module): a file's bytes are bounded by its rows'.
+        let batch = match crate::compact::compact(batch).map_err(arrow_error)? {
+            Some(compacted) => Cow::Owned(compacted),
+            None => Cow::Borrowed(batch),
+        };
+        if Arc::ptr_eq(segment_schema, found) || **found == **segment_schema {
+            return Ok(batch);
         }
+        crate::narrow::narrow(&batch, segment_schema)
+            .map(Cow::Owned)
+            .map_err(arrow_error)
+    }
+
+    /// Starts a segment that writes columns `halved` as `Int32`: a new encoder, which
+    /// writes the segment's schema message (and its dictionaries afresh) with the
+    /// next batch.
+    fn begin_segment(
+        &mut self,
+        halved: Vec<usize>,
+        segment_schema: SchemaRef,
+    ) -> Result<(), SpillError> {
+        self.encoder = Some(
+            StreamEncoder::try_new_with_options(&segment_schema, self.options.clone()).map_err(
+                |source| SpillError::Arrow {
+                    path: self.path.clone(),
+                    source,
+                },
+            )?,
+        );
+        self.halved = halved;
+        self.segment_schema = segment_schema;
+        Ok(())
+    }
+
+    /// Encodes `batch` with the current segment's encoder and writes its message.
+    fn encode(&mut self, batch: &RecordBatch) -> Result<(), SpillError> {
         let encoder = self
             .encoder
             .as_mut()
             .ok_or_else(|| SpillError::WriterFailed {
                 path: self.path.clone(),
             })?;
-        let buffers = encoder.encode(batch).map_err(arrow_error)?;
-        self.sink.write_message(&buffers)?;
-        self.failed = false;
-        let rows = batch.num_rows() as u64;
+        let buffers = encoder.encode(batch).map_err(|source| SpillError::Arrow {
+            path: self.path.clone(),
+            source,
+        })?;
+        self.sink.write_message(&buffers)
+    }
+
+    /// Counts a batch of `rows` rows written, here and in the manager's metrics.
+    fn count(&mut self, rows: u64) {
         self.rows += rows;
         self.batches += 1;
         let manager = self.manager();
         manager.rows_written.fetch_add(rows, Ordering::Relaxed);
         manager.batches_written.fetch_add(1, Ordering::Relaxed);
-        Ok(())
     }
 
     /// Whether a batch of schema `found` may be written: the writer's schema, its wide

@@ -1,6 +1,12 @@
+use std::sync::Arc;
+
+use super::values::{HUGE_PAGE_BYTES, MAP_MIN_BYTES};
 use super::*;
-use arrow_array::{Array, Decimal128Array, Int32Array, Int64Array, UInt64Array};
-use arrow_schema::{ArrowError, Field, Schema};
+use arrow_array::{
+    Array, ArrayRef, Decimal128Array, Int32Array, Int64Array, RecordBatch, UInt64Array,
+};
+use arrow_data::ArrayData;
+use arrow_schema::{ArrowError, DataType, Field, Schema, SchemaRef};
 use arrow_select::take::take;
 
 type TestResult = std::result::Result<(), Box<dyn std::error::Error>>;

@@ -35,8 +35,8 @@ fn resize<const A: usize, const B: usize>(value: [u8; A]) -> [u8; B] {
 /// heap (Linux): below it, a buffer that doubles copies little. A spill buffer (a
 /// work batch's rows of one partition, tens of KiB a column) stays on the heap, where
 /// its memory is reused batch after batch; a build partition that grows past it
-/// stops copying itself at every doubling (SF10 orders ⋈ lineitem at a 25% limit:
-/// 64 partitions growing to ~1 MiB a column before they spill or stay).
+/// stops copying itself at every doubling (the partitions of a large build grow
+/// past it, column by column, before they spill or stay).
 pub(crate) const MAP_MIN_BYTES: usize = 512 << 10;
 
 /// The smallest mapped buffer asked to be backed by transparent huge pages: one read

@@ -84,12 +84,12 @@ unsafe impl GlobalAlloc for HugePageAlloc {
 /// makes glibc do that at every batch (the
 /// coalescer's string blocks of 8 KiB to 1 MiB, and the gathered partitions' buffers,
 /// came from fresh mappings or from a heap top trimmed as soon as they were freed,
-/// and each was faulted in and zeroed again: TPC-H SF1 orders ⋈ lineitem with four
-/// string columns spent a quarter of its profile's samples in page faults).
-/// Allocations below [`HUGE_MIN_BYTES`] then come from the heap, and up to
-/// [`TRIM_THRESHOLD_BYTES`] of free memory stays at its top. Under a limit the RSS
-/// bound comes first: the freed memory kept, and the heap's fragmentation, took a
-/// 256 MiB join of 2 KB rows 14 MiB past it, so glibc keeps its own thresholds there.
+/// and each was faulted in and zeroed again: joins with string columns spent a
+/// large share of their time in page faults). Allocations below [`HUGE_MIN_BYTES`]
+/// then come from the heap, and up to [`TRIM_THRESHOLD_BYTES`] of free memory stays
+/// at its top. Under a limit the RSS bound comes first: the freed memory kept, and
+/// the heap's fragmentation, took joins of wide rows under small limits past it, so
+/// glibc keeps its own thresholds there.
 pub fn keep_freed_memory() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     // SAFETY: `mallopt` only changes the allocator's thresholds (under its lock).
@@ -117,14 +117,12 @@ pub fn release_free_memory() {
 /// memory nears the bound `1.1 × limit + 64 MiB` (checked every [`TRIM_INTERVAL`]).
 ///
 /// A build that spills frees thousands of small fragments as it goes, which glibc
-/// keeps (SF10 orders ⋈ lineitem at a 50% limit: peak RSS 355 MB untrimmed, 240-262 MB
-/// checked every 25 ms; its semi and anti joins there 243-265 MiB checked every 25 ms,
-/// 234-240 MiB every 5 ms, and at a 25% limit 160-173 against 135-142 MiB: the RSS
-/// rises fast while partitions are finished, and reading `/proc/self/statm` costs
-/// microseconds). Trimming has no use far from the bound, and a freed page
-/// that is trimmed must be faulted in again when reused, so it is done only when the
-/// RSS is high. (An A/B at a 5% limit with trimming switched off showed no time
-/// difference within the run-to-run spread.)
+/// keeps: untrimmed, the peak RSS runs far past what the pool holds. The RSS rises
+/// fast while partitions are finished, so it is checked often (every 5 ms held the
+/// peak lower than every 25 ms), and reading `/proc/self/statm` costs microseconds.
+/// Trimming has no use far from the bound, and a freed page that is trimmed must be
+/// faulted in again when reused, so it is done only when the RSS is high. (Switching
+/// trimming off made no difference to the time beyond the run-to-run spread.)
 pub struct ReleaseOnPhaseChange {
     stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
     thread: Option<std::thread::JoinHandle<()>>,

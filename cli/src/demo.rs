@@ -112,22 +112,11 @@ pub fn run(args: &DemoArgs, interrupt: &Interrupt) -> Result<()> {
 /// The demo's default memory limit: 8 MiB, a fraction of the default 300 000 orders.
 const DEMO_MEMORY_LIMIT_BYTES: u64 = 8 << 20;
 
+/// Writes `orders` orders and their line items as Parquet, a chunk of orders at a
+/// time; returns the number of line items.
 fn generate(orders_path: &Path, lineitem_path: &Path, orders: usize) -> Result<usize> {
     const CHUNK: usize = 65_536;
-    let orders_schema = Arc::new(Schema::new(vec![
-        Field::new("o_orderkey", DataType::Int64, false),
-        Field::new("o_custkey", DataType::Int64, false),
-        Field::new("o_totalprice", DataType::Float64, false),
-        Field::new("o_orderdate", DataType::Date32, false),
-        Field::new("o_comment", DataType::Utf8, false),
-    ]));
-    let lineitem_schema = Arc::new(Schema::new(vec![
-        Field::new("l_orderkey", DataType::Int64, false),
-        Field::new("l_linenumber", DataType::Int32, false),
-        Field::new("l_quantity", DataType::Float64, false),
-        Field::new("l_extendedprice", DataType::Float64, false),
-        Field::new("l_shipmode", DataType::Utf8, false),
-    ]));
+    let (orders_schema, lineitem_schema) = (orders_schema(), lineitem_schema());
     let create =
         |p: &Path| File::create(p).with_context(|| format!("cannot create {}", p.display()));
     let mut ow = ArrowWriter::try_new(create(orders_path)?, Arc::clone(&orders_schema), None)?;
@@ -136,50 +125,102 @@ fn generate(orders_path: &Path, lineitem_path: &Path, orders: usize) -> Result<u
     let mut line_rows = 0;
     for start in (0..orders).step_by(CHUNK) {
         let end = (start + CHUNK).min(orders);
-        let (mut ok, mut oc, mut op, mut od, mut ocm) = (vec![], vec![], vec![], vec![], vec![]);
-        let (mut lk, mut ln, mut lq, mut lp, mut lm) = (vec![], vec![], vec![], vec![], vec![]);
+        let mut chunk = Chunk::default();
         for o in start..end {
-            // TPC-H order keys are sparse: 8 of every 32 values are used.
-            let key = ((o / 8) * 32 + o % 8 + 1) as i64;
-            ok.push(key);
-            oc.push(rng.below(orders as u64 / 10 + 1) as i64 + 1);
-            op.push(rng.below(50_000_000) as f64 / 100.0);
-            od.push(8035 + rng.below(2400) as i32);
-            ocm.push(format!(
-                "{} {} requests",
-                WORDS[rng.below(8) as usize],
-                WORDS[rng.below(8) as usize]
-            ));
-            for line in 1..=(1 + rng.below(7)) as i32 {
-                lk.push(key);
-                ln.push(line);
-                lq.push((1 + rng.below(50)) as f64);
-                lp.push(rng.below(10_000_000) as f64 / 100.0);
-                lm.push(SHIP_MODES[rng.below(7) as usize]);
-            }
+            chunk.push_order(&mut rng, o, orders);
         }
-        line_rows += lk.len();
-        let columns: Vec<ArrayRef> = vec![
-            Arc::new(Int64Array::from(ok)),
-            Arc::new(Int64Array::from(oc)),
-            Arc::new(Float64Array::from(op)),
-            Arc::new(Date32Array::from(od)),
-            Arc::new(StringArray::from(ocm)),
-        ];
-        ow.write(&RecordBatch::try_new(Arc::clone(&orders_schema), columns)?)?;
-        let columns: Vec<ArrayRef> = vec![
-            Arc::new(Int64Array::from(lk)),
-            Arc::new(Int32Array::from(ln)),
-            Arc::new(Float64Array::from(lq)),
-            Arc::new(Float64Array::from(lp)),
-            Arc::new(StringArray::from(lm)),
-        ];
+        line_rows += chunk.l_orderkey.len();
+        let (order_columns, line_columns) = chunk.into_columns();
+        ow.write(&RecordBatch::try_new(
+            Arc::clone(&orders_schema),
+            order_columns,
+        )?)?;
         lw.write(&RecordBatch::try_new(
             Arc::clone(&lineitem_schema),
-            columns,
+            line_columns,
         )?)?;
     }
     ow.close()?;
     lw.close()?;
     Ok(line_rows)
+}
+
+fn orders_schema() -> Arc<Schema> {
+    Arc::new(Schema::new(vec![
+        Field::new("o_orderkey", DataType::Int64, false),
+        Field::new("o_custkey", DataType::Int64, false),
+        Field::new("o_totalprice", DataType::Float64, false),
+        Field::new("o_orderdate", DataType::Date32, false),
+        Field::new("o_comment", DataType::Utf8, false),
+    ]))
+}
+
+fn lineitem_schema() -> Arc<Schema> {
+    Arc::new(Schema::new(vec![
+        Field::new("l_orderkey", DataType::Int64, false),
+        Field::new("l_linenumber", DataType::Int32, false),
+        Field::new("l_quantity", DataType::Float64, false),
+        Field::new("l_extendedprice", DataType::Float64, false),
+        Field::new("l_shipmode", DataType::Utf8, false),
+    ]))
+}
+
+/// One chunk of orders and their line items, column by column.
+#[derive(Default)]
+struct Chunk {
+    o_orderkey: Vec<i64>,
+    o_custkey: Vec<i64>,
+    o_totalprice: Vec<f64>,
+    o_orderdate: Vec<i32>,
+    o_comment: Vec<String>,
+    l_orderkey: Vec<i64>,
+    l_linenumber: Vec<i32>,
+    l_quantity: Vec<f64>,
+    l_extendedprice: Vec<f64>,
+    l_shipmode: Vec<&'static str>,
+}
+
+impl Chunk {
+    /// Adds order number `o` (from 0) of `orders`, and its one to seven line items.
+    fn push_order(&mut self, rng: &mut SplitMix, o: usize, orders: usize) {
+        // TPC-H order keys are sparse: 8 of every 32 values are used.
+        let key = ((o / 8) * 32 + o % 8 + 1) as i64;
+        self.o_orderkey.push(key);
+        self.o_custkey
+            .push(rng.below(orders as u64 / 10 + 1) as i64 + 1);
+        self.o_totalprice.push(rng.below(50_000_000) as f64 / 100.0);
+        self.o_orderdate.push(8035 + rng.below(2400) as i32);
+        self.o_comment.push(format!(
+            "{} {} requests",
+            WORDS[rng.below(8) as usize],
+            WORDS[rng.below(8) as usize]
+        ));
+        for line in 1..=(1 + rng.below(7)) as i32 {
+            self.l_orderkey.push(key);
+            self.l_linenumber.push(line);
+            self.l_quantity.push((1 + rng.below(50)) as f64);
+            self.l_extendedprice
+                .push(rng.below(10_000_000) as f64 / 100.0);
+            self.l_shipmode.push(SHIP_MODES[rng.below(7) as usize]);
+        }
+    }
+
+    /// The orders' columns and the line items' columns, in their schemas' order.
+    fn into_columns(self) -> (Vec<ArrayRef>, Vec<ArrayRef>) {
+        let orders: Vec<ArrayRef> = vec![
+            Arc::new(Int64Array::from(self.o_orderkey)),
+            Arc::new(Int64Array::from(self.o_custkey)),
+            Arc::new(Float64Array::from(self.o_totalprice)),
+            Arc::new(Date32Array::from(self.o_orderdate)),
+            Arc::new(StringArray::from(self.o_comment)),
+        ];
+        let lineitem: Vec<ArrayRef> = vec![
+            Arc::new(Int64Array::from(self.l_orderkey)),
+            Arc::new(Int32Array::from(self.l_linenumber)),
+            Arc::new(Float64Array::from(self.l_quantity)),
+            Arc::new(Float64Array::from(self.l_extendedprice)),
+            Arc::new(StringArray::from(self.l_shipmode)),
+        ];
+        (orders, lineitem)
+    }
 }

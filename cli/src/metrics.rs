@@ -18,7 +18,7 @@
 //! }
 //! ```
 //!
-//! The README's "Running under a memory limit" says what each figure means.
+//! The README's memory-limit section says what each figure means.
 
 use std::path::Path;
 use std::time::Duration;
@@ -65,30 +65,12 @@ pub fn peak_rss_bytes() -> Option<u64> {
     Some(kib * 1024)
 }
 
-/// The report as JSON.
+/// The report as JSON: the outcome and the plan's choices, then a section per part
+/// of the run, then the same figures flat.
 pub fn report(plan: &Plan, m: &JoinMetrics, reads: &Reads, outcome: &Outcome) -> Value {
-    let input = |input: &Input, counters: &ReadCounters, estimate: Option<u64>| {
-        json!({
-            "path": input.spec(),
-            "format": input.format().name(),
-            "files": input.files().len(),
-            "rows_read": counters.rows(),
-            "bytes_read": counters.bytes(),
-            "file_bytes_read": (input.format() != Format::Parquet).then(|| counters.file_bytes()),
-            "estimated_bytes": estimate,
-            "rows_in_metadata": input.rows(),
-        })
-    };
     let r = &plan.request;
-    let (p, get) = (reads.pushdown, PushdownCounters::get);
-    let seconds = |d: Duration| (d.as_secs_f64() * 1e6).round() / 1e6;
     let peak_rss = peak_rss_bytes();
-    let spill_dir = plan
-        .spill
-        .root_dir
-        .clone()
-        .unwrap_or_else(std::env::temp_dir);
-    json!({
+    let mut report = json!({
         "status": outcome.status,
         "exit_code": outcome.exit_code,
         "error": outcome.error,
@@ -122,36 +104,81 @@ pub fn report(plan: &Plan, m: &JoinMetrics, reads: &Reads, outcome: &Outcome) ->
             "batches_spilled": m.probe_batches_spilled,
             "rows_skipped_by_bloom": m.probe_rows_skipped,
         },
-        "spill": {
-            "files": m.spill_files,
-            "build_files": m.build_spill_files,
-            "probe_files": m.probe_spill_files,
-            "partitions_spilled": m.partitions_spilled,
-            "max_recursion_depth": m.max_depth,
-            "fallbacks": m.fallbacks,
-            "hot_key_splits": m.hot_key_splits,
-            "swapped_pairs": m.swapped_pairs,
-            "dir": spill_dir.display().to_string(),
-            "compression": plan.spill.compression.to_string(),
-            "max_bytes": plan.spill.disk_quota_bytes,
-        },
-        "pushdown": {
-            "mode": format!("{:?}", r.pushdown).to_lowercase(),
-            "applies": plan.pushdown_applies(),
-            "row_groups": get(&p.row_groups),
-            "row_groups_skipped": get(&p.row_groups_skipped),
-            "pages_skipped": get(&p.pages_skipped),
-            "rows_skipped_by_bounds": get(&p.rows_skipped_by_bounds),
-            "bytes_skipped": get(&p.bytes_skipped),
-            "rows_tested_by_membership": get(&p.rows_tested),
-            "rows_dropped_by_membership": get(&p.rows_dropped_by_membership),
-        },
+        "spill": spill(plan, m),
+        "pushdown": pushdown(plan, reads.pushdown),
         "memory": {
             "limit_bytes": plan.limit_bytes,
             "peak_reserved_bytes": m.peak_reserved_bytes,
             "peak_rss_bytes": peak_rss,
         },
-        // Flat figures, as the first CLI wrote them.
+    });
+    if let (Value::Object(report), Value::Object(flat)) = (&mut report, flat(plan, m, peak_rss)) {
+        // (The map keeps insertion order: the flat figures come last.)
+        report.extend(flat);
+    }
+    report
+}
+
+/// A duration in seconds, to the microsecond.
+fn seconds(d: Duration) -> f64 {
+    (d.as_secs_f64() * 1e6).round() / 1e6
+}
+
+/// What one input is and what was read of it.
+fn input(input: &Input, counters: &ReadCounters, estimate: Option<u64>) -> Value {
+    json!({
+        "path": input.spec(),
+        "format": input.format().name(),
+        "files": input.files().len(),
+        "rows_read": counters.rows(),
+        "bytes_read": counters.bytes(),
+        "file_bytes_read": (input.format() != Format::Parquet).then(|| counters.file_bytes()),
+        "estimated_bytes": estimate,
+        "rows_in_metadata": input.rows(),
+    })
+}
+
+/// The spill files, the partitions they held, and the spill settings.
+fn spill(plan: &Plan, m: &JoinMetrics) -> Value {
+    let spill_dir = plan
+        .spill
+        .root_dir
+        .clone()
+        .unwrap_or_else(std::env::temp_dir);
+    json!({
+        "files": m.spill_files,
+        "build_files": m.build_spill_files,
+        "probe_files": m.probe_spill_files,
+        "partitions_spilled": m.partitions_spilled,
+        "max_recursion_depth": m.max_depth,
+        "fallbacks": m.fallbacks,
+        "hot_key_splits": m.hot_key_splits,
+        "swapped_pairs": m.swapped_pairs,
+        "dir": spill_dir.display().to_string(),
+        "compression": plan.spill.compression.to_string(),
+        "max_bytes": plan.spill.disk_quota_bytes,
+    })
+}
+
+/// What the probe scan skipped.
+fn pushdown(plan: &Plan, p: &PushdownCounters) -> Value {
+    let get = PushdownCounters::get;
+    json!({
+        "mode": format!("{:?}", plan.request.pushdown).to_lowercase(),
+        "applies": plan.pushdown_applies(),
+        "row_groups": get(&p.row_groups),
+        "row_groups_skipped": get(&p.row_groups_skipped),
+        "pages_skipped": get(&p.pages_skipped),
+        "rows_skipped_by_bounds": get(&p.rows_skipped_by_bounds),
+        "bytes_skipped": get(&p.bytes_skipped),
+        "rows_tested_by_membership": get(&p.rows_tested),
+        "rows_dropped_by_membership": get(&p.rows_dropped_by_membership),
+    })
+}
+
+/// Flat figures, as the first CLI wrote them.
+fn flat(plan: &Plan, m: &JoinMetrics, peak_rss: Option<u64>) -> Value {
+    json!({
         "build_seconds": seconds(m.build_time),
         "probe_seconds": seconds(m.probe_time),
         "spilled_partitions_seconds": seconds(m.spilled_time),

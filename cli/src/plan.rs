@@ -102,7 +102,6 @@ impl Plan {
     pub fn new(request: JoinRequest) -> Result<Self> {
         let (left, right) = (&request.left, &request.right);
         let join_type = request.join_type;
-        let sides = join_type.output_sides();
         let selected = request
             .select
             .as_deref()
@@ -127,20 +126,15 @@ impl Plan {
         let threads = run
             .threads
             .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
-        let mut builder = HashJoinBuilder::new(
-            Arc::clone(&left_schema),
-            Arc::clone(&right_schema),
-            request.on.clone(),
-        )
-        .with_join_type(join_type)
-        .with_null_equality(request.null_equality)
-        .with_memory_pool(memory_pool(limit_bytes))
-        .with_batch_size(run.batch_size)
-        .with_max_depth(run.max_depth)
-        .with_threads(threads)
-        .with_statistics(left_stats, right_stats)
-        .with_side_swap(request.swap);
+        let mut builder = join_builder(
+            &request,
+            (&left_schema, &right_schema),
+            (left_stats, right_stats),
+            limit_bytes,
+            threads,
+        );
         if let Some(selected) = &selected {
+            let sides = join_type.output_sides();
             let projection = select::projection(selected, &left_schema, &right_schema, sides)?;
             builder = builder.with_projection(projection);
         }
@@ -148,25 +142,7 @@ impl Plan {
             builder = builder.with_filter(filter.join_filter(&left_schema, &right_schema)?);
         }
         let join = builder.clone().build().map_err(|e| key_hint(e, &request))?;
-        let (schema, rename) = match &selected {
-            Some(selected) => (
-                Arc::new(select::output_schema(
-                    &join.schema(),
-                    selected,
-                    sides,
-                    left.schema(),
-                    right.schema(),
-                )),
-                true,
-            ),
-            None => (join.schema(), false),
-        };
-        let spill = SpillConfig {
-            root_dir: run.spill_dir.clone(),
-            compression: run.spill_compression,
-            disk_quota_bytes: run.max_spill_size,
-            ..SpillConfig::default()
-        };
+        let (schema, rename) = output_schema(&join, selected.as_deref(), &request);
         Ok(Self {
             left_columns,
             right_columns,
@@ -180,7 +156,7 @@ impl Plan {
             limit_bytes,
             limit_given: run.memory_limit.is_some(),
             threads,
-            spill,
+            spill: spill_config(run),
             request,
         })
     }
@@ -216,7 +192,8 @@ impl Plan {
         }
     }
 
-    /// The plan as `--explain` prints it.
+    /// The plan as `--explain` prints it: one line per decision, the key in a
+    /// column of its own.
     pub fn explain(&self) -> String {
         let r = &self.request;
         let mut out = String::new();
@@ -243,12 +220,7 @@ impl Plan {
                 self.join.build_side_reason()
             ),
         );
-        let keys: Vec<String> =
-            r.on.iter()
-                .zip(self.join.key_types())
-                .map(|((l, rr), t)| format!("left.{l} = right.{rr} ({t})"))
-                .collect();
-        line("keys", keys.join(", "));
+        line("keys", self.keys_text());
         line("pushdown", self.pushdown_text());
         line(
             "filter",
@@ -257,59 +229,83 @@ impl Plan {
                 None => "none".into(),
             },
         );
+        line("partitions", self.partitions_text());
+        line("memory limit", self.memory_limit_text());
+        line("spill", self.spill_text());
+        line(
+            "threads",
+            format!("{}, batches of {} rows", self.threads, r.run.batch_size),
+        );
+        line("output", self.output_text());
+        out
+    }
+
+    /// `--explain`'s keys: each pair and the type they are compared as.
+    fn keys_text(&self) -> String {
+        let keys: Vec<String> = self
+            .request
+            .on
+            .iter()
+            .zip(self.join.key_types())
+            .map(|((l, r), t)| format!("left.{l} = right.{r} ({t})"))
+            .collect();
+        keys.join(", ")
+    }
+
+    /// `--explain`'s partitions: how many at level 0, and how they split further.
+    fn partitions_text(&self) -> String {
         let bits = self.join.partition_bits();
-        line(
-            "partitions",
-            format!(
-                "{} at level 0 ({bits} hash bits); a spilled partition is split 16 ways per level, up to {} levels",
-                1u64 << bits,
-                self.join.max_depth()
-            ),
-        );
-        line(
-            "memory limit",
-            format!(
-                "{} ({})",
-                human_bytes(self.limit_bytes),
-                if self.limit_given {
-                    "--memory-limit"
-                } else {
-                    "default: 75% of the memory available now"
-                }
-            ),
-        );
+        format!(
+            "{} at level 0 ({bits} hash bits); a spilled partition is split 16 ways per level, up to {} levels",
+            1u64 << bits,
+            self.join.max_depth()
+        )
+    }
+
+    /// `--explain`'s memory limit, and where it came from.
+    fn memory_limit_text(&self) -> String {
+        format!(
+            "{} ({})",
+            human_bytes(self.limit_bytes),
+            if self.limit_given {
+                "--memory-limit"
+            } else {
+                "default: 75% of the memory available now"
+            }
+        )
+    }
+
+    /// `--explain`'s spill settings: the directory, compression and quota.
+    fn spill_text(&self) -> String {
         let dir = self
             .spill
             .root_dir
             .clone()
             .unwrap_or_else(std::env::temp_dir);
-        line(
-            "spill",
-            format!(
-                "{} (compression {}, {})",
-                dir.display(),
-                self.spill.compression,
-                match self.spill.disk_quota_bytes {
-                    Some(q) => format!("at most {}", human_bytes(q)),
-                    None => "no size limit".into(),
-                }
-            ),
-        );
-        line(
-            "threads",
-            format!("{}, batches of {} rows", self.threads, r.run.batch_size),
-        );
+        format!(
+            "{} (compression {}, {})",
+            dir.display(),
+            self.spill.compression,
+            match self.spill.disk_quota_bytes {
+                Some(q) => format!("at most {}", human_bytes(q)),
+                None => "no size limit".into(),
+            }
+        )
+    }
+
+    /// `--explain`'s output: its columns and where they go.
+    fn output_text(&self) -> String {
         let columns: Vec<&str> = self
             .schema
             .fields()
             .iter()
             .map(|f| f.name().as_str())
             .collect();
-        line(
-            "output",
-            format!("{} → {}", columns.join(", "), r.output.describe()),
-        );
-        out
+        format!(
+            "{} → {}",
+            columns.join(", "),
+            self.request.output.describe()
+        )
     }
 }
 
@@ -320,6 +316,64 @@ fn memory_pool(limit_bytes: u64) -> Arc<dyn MemoryPool> {
         GreedyMemoryPool::new(usize::try_from(limit_bytes).unwrap_or(usize::MAX)),
         NonZeroUsize::MIN.saturating_add(4),
     ))
+}
+
+/// The join as requested over the decoded columns (`schemas`, left then right),
+/// before the selection and the filter are added.
+fn join_builder(
+    request: &JoinRequest,
+    (left_schema, right_schema): (&SchemaRef, &SchemaRef),
+    (left_stats, right_stats): (InputStatistics, InputStatistics),
+    limit_bytes: u64,
+    threads: usize,
+) -> HashJoinBuilder {
+    let run = &request.run;
+    HashJoinBuilder::new(
+        Arc::clone(left_schema),
+        Arc::clone(right_schema),
+        request.on.clone(),
+    )
+    .with_join_type(request.join_type)
+    .with_null_equality(request.null_equality)
+    .with_memory_pool(memory_pool(limit_bytes))
+    .with_batch_size(run.batch_size)
+    .with_max_depth(run.max_depth)
+    .with_threads(threads)
+    .with_statistics(left_stats, right_stats)
+    .with_side_swap(request.swap)
+}
+
+/// The output's schema, and whether batches are renamed to it: the selected
+/// columns under their names, else the join's own schema.
+fn output_schema(
+    join: &HashJoin,
+    selected: Option<&[Selected]>,
+    request: &JoinRequest,
+) -> (SchemaRef, bool) {
+    match selected {
+        Some(selected) => (
+            Arc::new(select::output_schema(
+                &join.schema(),
+                selected,
+                request.join_type.output_sides(),
+                request.left.schema(),
+                request.right.schema(),
+            )),
+            true,
+        ),
+        None => (join.schema(), false),
+    }
+}
+
+/// Where and how the join spills (`--spill-dir`, `--spill-compression`,
+/// `--max-spill-size`).
+fn spill_config(run: &RunArgs) -> SpillConfig {
+    SpillConfig {
+        root_dir: run.spill_dir.clone(),
+        compression: run.spill_compression,
+        disk_quota_bytes: run.max_spill_size,
+        ..SpillConfig::default()
+    }
 }
 
 fn r_name(schema: &Schema, i: usize) -> &str {

@@ -19,12 +19,14 @@ use anyhow::Result;
 use arrow_array::RecordBatch;
 use arrow_schema::SchemaRef;
 use spilljoin::spill::{SpillError, SpillManager};
-use spilljoin::{InputStatistics, JoinError, JoinMetrics, JoinStream, NullEquality, Side};
+use spilljoin::{
+    HashJoin, InputStatistics, JoinError, JoinMetrics, JoinStream, NullEquality, Side,
+};
 
 use super::args::JoinArgs;
 use super::failure::{kind_of, one_line, signal_exit_code, Kind};
 use super::format::CsvOptions;
-use super::input::{Input, InputOptions, ReadCounters};
+use super::input::{BatchStream, Input, InputOptions, ReadCounters};
 use super::metrics::{self, Outcome, Reads};
 use super::output::{OutputSpec, OutputWriter};
 use super::plan::{JoinRequest, Plan};
@@ -151,6 +153,53 @@ fn run(
     rows: &mut u64,
     metrics: &mut JoinMetrics,
 ) -> Result<()> {
+    check_before_writing(plan)?;
+    if !plan.limit_given {
+        super::allocator::keep_freed_memory();
+    }
+    let (join, mut writer) = create_join_and_output(plan, interrupt)?;
+    let pushdown = probe_pushdown(plan, &join, pushed);
+    let (left, right) = open_streams(plan, &join, counters, pushdown.as_ref())?;
+    interrupted(interrupt)?;
+    let mut stream = match pushdown {
+        Some(pushdown) => {
+            // Only the probe readers keep the build's handle, so its memory goes when
+            // they are done.
+            let slot = Arc::clone(&pushdown.build);
+            drop(pushdown);
+            join.execute_partitioned_observed(left, right, move |build| {
+                let _ = slot.set(build.clone());
+            })?
+        }
+        None => join.execute_partitioned(left, right)?,
+    };
+    interrupt.watch(stream.cancel_handle());
+
+    let (build, probe) = side_progress(plan, &join, counters);
+    let _trim =
+        super::allocator::ReleaseOnPhaseChange::start(stream.metrics_handle(), plan.limit_bytes);
+    let progress = Progress::start(
+        plan.request.run.quiet,
+        stream.metrics_handle(),
+        build,
+        probe,
+        plan.limit_bytes,
+    );
+    let schema = plan.rename.then_some(&plan.schema);
+    let written = write_all(&mut stream, &mut writer, schema, rows);
+    progress.finish();
+    *metrics = stream.metrics();
+    // Dropping the stream ends the join and removes its spill files.
+    drop(stream);
+    written?;
+    interrupted(interrupt)?;
+    writer.finish()
+}
+
+/// What must fail before anything is written: an output that would overwrite an
+/// input, and a metrics file that cannot be written (now, not after the output is in
+/// place).
+fn check_before_writing(plan: &Plan) -> Result<()> {
     let r = &plan.request;
     let inputs: Vec<&std::path::Path> = r
         .left
@@ -160,25 +209,34 @@ fn run(
         .map(|p| p.as_path())
         .collect();
     r.output.refuse_to_overwrite(&inputs)?;
-    // A metrics file that cannot be written fails now, not after the output is in
-    // place.
     if let Some(path) = &r.run.metrics {
         super::metrics::check_writable(path)?;
     }
-    if !plan.limit_given {
-        super::allocator::keep_freed_memory();
-    }
+    Ok(())
+}
+
+/// The join with its spill manager, and the output's writer; both the spill
+/// directory and the output's temporary file are removed if a signal forces an exit.
+fn create_join_and_output(plan: &Plan, interrupt: &Interrupt) -> Result<(HashJoin, OutputWriter)> {
     let spill = SpillManager::new(plan.spill.clone())?;
     interrupt.remove_on_forced_exit(spill.dir().to_path_buf());
     let join = plan.builder.clone().with_spill_manager(spill).build()?;
-    let mut writer = r.output.create(&plan.schema)?;
+    let writer = plan.request.output.create(&plan.schema)?;
     if let Some(temp) = writer.temporary_path() {
         interrupt.remove_on_forced_exit(temp.to_path_buf());
     }
-    let (batch_size, threads) = (r.run.batch_size, plan.threads);
-    // The probe scan learns the build's facts when the build is done (its readers
-    // open after that).
-    let pushdown = plan.pushdown_applies().then(|| {
+    Ok((join, writer))
+}
+
+/// What the probe scan is to skip, if pushdown applies: it learns the build's facts
+/// when the build is done (its readers open after that).
+fn probe_pushdown(
+    plan: &Plan,
+    join: &HashJoin,
+    pushed: &Arc<PushdownCounters>,
+) -> Option<Arc<ProbePushdown>> {
+    let r = &plan.request;
+    plan.pushdown_applies().then(|| {
         let probe_keys =
             r.on.iter()
                 .map(|(l, rr)| match join.build_side() {
@@ -193,8 +251,19 @@ fn run(
             null_equality: r.null_equality,
             counters: Arc::clone(pushed),
         })
-    });
-    let for_side = |side: Side| pushdown.as_ref().filter(|_| join.build_side() != side);
+    })
+}
+
+/// The left and right inputs' batch streams, the probe side's with `pushdown`.
+fn open_streams(
+    plan: &Plan,
+    join: &HashJoin,
+    counters: &(Arc<ReadCounters>, Arc<ReadCounters>),
+    pushdown: Option<&Arc<ProbePushdown>>,
+) -> Result<(Vec<BatchStream>, Vec<BatchStream>)> {
+    let r = &plan.request;
+    let (batch_size, threads) = (r.run.batch_size, plan.threads);
+    let for_side = |side: Side| pushdown.filter(|_| join.build_side() != side);
     // The build input is read in larger batches when memory allows (the join
     // partitions a batch at a time), and when its size is known; wide rows on
     // either side in smaller ones (`read_rows`).
@@ -218,58 +287,35 @@ fn run(
         &counters.1,
         for_side(Side::Right),
     )?;
-    interrupted(interrupt)?;
-    let mut stream = match pushdown {
-        Some(pushdown) => {
-            // Only the probe readers keep the build's handle, so its memory goes when
-            // they are done.
-            let slot = Arc::clone(&pushdown.build);
-            drop(pushdown);
-            join.execute_partitioned_observed(left, right, move |build| {
-                let _ = slot.set(build.clone());
-            })?
-        }
-        None => join.execute_partitioned(left, right)?,
-    };
-    interrupt.watch(stream.cancel_handle());
+    Ok((left, right))
+}
 
+/// What the progress line shows of the build and the probe input.
+fn side_progress(
+    plan: &Plan,
+    join: &HashJoin,
+    counters: &(Arc<ReadCounters>, Arc<ReadCounters>),
+) -> (SideProgress, SideProgress) {
     let side = |input: &Input, counters: &Arc<ReadCounters>| SideProgress {
         counters: Arc::clone(counters),
         rows_total: input.rows(),
         file_bytes_total: input.file_bytes().ok(),
     };
-    let left_progress = side(&r.left, &counters.0);
-    let right_progress = side(&r.right, &counters.1);
-    let (build, probe) = match join.build_side() {
-        Side::Left => (left_progress, right_progress),
-        Side::Right => (right_progress, left_progress),
-    };
-    let _trim =
-        super::allocator::ReleaseOnPhaseChange::start(stream.metrics_handle(), plan.limit_bytes);
-    let progress = Progress::start(
-        r.run.quiet,
-        stream.metrics_handle(),
-        build,
-        probe,
-        plan.limit_bytes,
-    );
-    let schema = plan.rename.then_some(&plan.schema);
-    let written = write_all(&mut stream, &mut writer, schema, rows);
-    progress.finish();
-    *metrics = stream.metrics();
-    // Dropping the stream ends the join and removes its spill files.
-    drop(stream);
-    written?;
-    interrupted(interrupt)?;
-    writer.finish()
+    let left = side(&plan.request.left, &counters.0);
+    let right = side(&plan.request.right, &counters.1);
+    match join.build_side() {
+        Side::Left => (left, right),
+        Side::Right => (right, left),
+    }
 }
 
 /// Rows per batch of an input. A decoded batch is held whole while the join works
 /// through it in pieces, and the join reserves only the piece: so `threads` batches
 /// are kept to about a sixteenth of the limit, with fewer rows than the batch size
-/// when rows are wide (8192 rows of 2 KB are 16 MiB; under 64 MiB, two readers'
-/// batches of them took the peak RSS 50 MiB past its bound), and, when `larger` (the
-/// build side, whose size is known), with up to 64Ki rows when they are narrow.
+/// when rows are wide (8192 rows of 2 KB are 16 MiB: under a small limit, a few
+/// readers' batches of them alone take the peak RSS past its bound), and, when
+/// `larger` (the build side, whose size is known), with up to 64Ki rows when they
+/// are narrow.
 fn read_rows(
     batch_size: usize,
     limit_bytes: u64,
@@ -336,7 +382,8 @@ fn stdout_closed(e: &anyhow::Error, output: &OutputSpec) -> bool {
         })
 }
 
-/// The limit at which every join is tested to finish (`tests/spill_harness.rs`),
+/// The limit at which every join is tested to finish (the library's
+/// `tests/spill_harness.rs`),
 /// with batches of up to [`spilljoin::DEFAULT_BATCH_SIZE_ROWS`] rows and up to
 /// [`FLOOR_THREADS`] threads; larger batches and more threads need proportionally
 /// more.
@@ -366,9 +413,9 @@ fn with_hints(e: anyhow::Error, plan: &Plan) -> anyhow::Error {
             .chain()
             .last()
             .map_or_else(|| e.to_string(), |c| c.to_string());
-        // The floor is what joins of ordinary rows are tested to finish in
-        // (tests/spill_harness.rs); joins of wide rows are tested to finish from
-        // twice their largest batch (tests/floor.rs).
+        // The floor is what joins of ordinary rows are tested to finish in (the
+        // library's tests/spill_harness.rs); joins of wide rows are tested to finish
+        // from twice their largest batch (its tests/floor.rs).
         let suggest = floor.max(plan.limit_bytes.saturating_mul(2));
         return Kind::Memory.error(format!(
             "memory limit {} is too small for this join: {refused}; joins with --batch-size {} and {} threads \

@@ -1,6 +1,6 @@
 //! End-to-end tests of `--filter`: its results on the fixture against hand-computed
 //! answers for every kind of join (the filter is part of the join condition), and
-//! its errors. The expression language itself is tested in `src/cli/filter/tests.rs`.
+//! its errors. The expression language itself is tested in `cli/src/filter/tests.rs`.
 //!
 //! ```text
 //!  left                       right                 inner pairs on id:

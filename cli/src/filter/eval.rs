@@ -226,7 +226,6 @@ impl Expr {
     /// # Errors
     /// As [`Expr::predicate`].
     pub fn evaluate(&self, batch: &RecordBatch) -> Result<Value, ArrowError> {
-        let rows = batch.num_rows();
         match self {
             Expr::Column { index, .. } => Ok(Value::Array(Arc::clone(batch.column(*index)))),
             Expr::Literal(a) => Ok(Value::Scalar(Arc::clone(a))),
@@ -243,22 +242,8 @@ impl Expr {
                 }
                 binary(&l, &r, |l, r| arith(*op, l, r))
             }
-            Expr::And(a, b) | Expr::Or(a, b) => {
-                let (a, b) = (a.evaluate(batch)?, b.evaluate(batch)?);
-                let scalar = a.is_scalar() && b.is_scalar();
-                let n = if scalar { 1 } else { rows };
-                let (a, b) = (a.into_array(n)?, b.into_array(n)?);
-                let (a, b) = (a.as_boolean(), b.as_boolean());
-                let result = boolean(match self {
-                    Expr::And(..) => and_kleene(a, b)?,
-                    _ => or_kleene(a, b)?,
-                });
-                Ok(if scalar {
-                    Value::Scalar(result)
-                } else {
-                    Value::Array(result)
-                })
-            }
+            Expr::And(a, b) => kleene(a.evaluate(batch)?, b.evaluate(batch)?, batch, and_kleene),
+            Expr::Or(a, b) => kleene(a.evaluate(batch)?, b.evaluate(batch)?, batch, or_kleene),
             Expr::Not(e) => unary(&e.evaluate(batch)?, |a| not(a.as_boolean()).map(boolean)),
             Expr::Negate(e) => unary(&e.evaluate(batch)?, arrow_arith::numeric::neg),
             Expr::IsNull(e, negated) => unary(&e.evaluate(batch)?, |a| {
@@ -280,14 +265,7 @@ impl Expr {
             } => {
                 let (e, p) = (expr.evaluate(batch)?, pattern.evaluate(batch)?);
                 binary(&e, &p, |l, r| {
-                    use arrow_string::like;
-                    let result = match (case_insensitive, negated) {
-                        (false, false) => like::like(l, r),
-                        (false, true) => like::nlike(l, r),
-                        (true, false) => like::ilike(l, r),
-                        (true, true) => like::nilike(l, r),
-                    };
-                    result.map(boolean)
+                    like(l, r, *negated, *case_insensitive).map(boolean)
                 })
             }
             Expr::Cast { expr, to, safe } => {
@@ -300,6 +278,41 @@ impl Expr {
                 })
             }
         }
+    }
+}
+
+/// `a AND b` or `a OR b` (`kernel`) by SQL's three-valued logic; a scalar if both
+/// operands are.
+fn kleene(
+    a: Value,
+    b: Value,
+    batch: &RecordBatch,
+    kernel: fn(&BooleanArray, &BooleanArray) -> Result<BooleanArray, ArrowError>,
+) -> Result<Value, ArrowError> {
+    let scalar = a.is_scalar() && b.is_scalar();
+    let n = if scalar { 1 } else { batch.num_rows() };
+    let (a, b) = (a.into_array(n)?, b.into_array(n)?);
+    let result = boolean(kernel(a.as_boolean(), b.as_boolean())?);
+    Ok(if scalar {
+        Value::Scalar(result)
+    } else {
+        Value::Array(result)
+    })
+}
+
+/// `LIKE`, `NOT LIKE`, `ILIKE` or `NOT ILIKE`.
+fn like(
+    l: &dyn Datum,
+    r: &dyn Datum,
+    negated: bool,
+    case_insensitive: bool,
+) -> Result<BooleanArray, ArrowError> {
+    use arrow_string::like;
+    match (case_insensitive, negated) {
+        (false, false) => like::like(l, r),
+        (false, true) => like::nlike(l, r),
+        (true, false) => like::ilike(l, r),
+        (true, true) => like::nilike(l, r),
     }
 }
 

@@ -89,13 +89,6 @@ impl<'a> Lowering<'a> {
 
     /// Lowers one node; the forms with more to check have their own methods.
     fn lower_inner(&mut self, e: &Sql) -> Result<Expr> {
-        let not = |negated: bool, expr: Expr| {
-            if negated {
-                Expr::Not(Box::new(expr))
-            } else {
-                expr
-            }
-        };
         match e {
             Sql::Identifier(ident) => {
                 self.column(None, &ident.value, ident.quote_style.is_some(), e.span())
@@ -107,20 +100,12 @@ impl<'a> Lowering<'a> {
             Sql::Interval(interval) => self.interval(interval, e.span()),
             Sql::UnaryOp { op, expr } => self.unary(*op, expr, e),
             Sql::BinaryOp { left, op, right } => self.binary(left, op, right, e),
-            Sql::IsNull(inner) | Sql::IsNotNull(inner) => {
-                let negated = matches!(e, Sql::IsNotNull(_));
-                Ok(Expr::IsNull(Box::new(self.lower(inner)?), negated))
-            }
-            Sql::IsTrue(inner)
-            | Sql::IsFalse(inner)
-            | Sql::IsNotTrue(inner)
-            | Sql::IsNotFalse(inner) => {
-                let value = matches!(e, Sql::IsTrue(_) | Sql::IsNotTrue(_));
-                let negated = matches!(e, Sql::IsNotTrue(_) | Sql::IsNotFalse(_));
-                let lowered = self.lower(inner)?;
-                let b = self.boolean(lowered, inner, "the operand of IS TRUE/FALSE")?;
-                Ok(not(negated, Expr::IsBool(Box::new(b), value)))
-            }
+            Sql::IsNull(inner) => Ok(Expr::IsNull(Box::new(self.lower(inner)?), false)),
+            Sql::IsNotNull(inner) => Ok(Expr::IsNull(Box::new(self.lower(inner)?), true)),
+            Sql::IsTrue(inner) => self.is_bool(inner, true, false),
+            Sql::IsFalse(inner) => self.is_bool(inner, false, false),
+            Sql::IsNotTrue(inner) => self.is_bool(inner, true, true),
+            Sql::IsNotFalse(inner) => self.is_bool(inner, false, true),
             Sql::IsDistinctFrom(a, b) => self.compare(CmpOp::Distinct, a, b, e),
             Sql::IsNotDistinctFrom(a, b) => self.compare(CmpOp::NotDistinct, a, b, e),
             Sql::Between {
@@ -128,17 +113,13 @@ impl<'a> Lowering<'a> {
                 negated,
                 low,
                 high,
-            } => {
-                let low = self.compare(CmpOp::GtEq, expr, low, e)?;
-                let high = self.compare(CmpOp::LtEq, expr, high, e)?;
-                Ok(not(*negated, Expr::And(Box::new(low), Box::new(high))))
-            }
+            } => Ok(not_if(*negated, self.between(expr, low, high, e)?)),
             Sql::In {
                 expr,
                 target,
                 negated,
                 ..
-            } => Ok(not(*negated, self.in_list(expr, target, e)?)),
+            } => Ok(not_if(*negated, self.in_list(expr, target, e)?)),
             Sql::Like {
                 negated,
                 any,
@@ -153,10 +134,7 @@ impl<'a> Lowering<'a> {
                 pattern,
                 escape_char,
             } => {
-                if *any {
-                    return Err(self.error(e.span(), "LIKE ANY is not supported"));
-                }
-                self.check_escape(escape_char.as_deref())?;
+                self.check_like(*any, escape_char.as_deref(), e)?;
                 self.like(expr, pattern, *negated, matches!(e, Sql::ILike { .. }), e)
             }
             Sql::Cast {
@@ -165,18 +143,41 @@ impl<'a> Lowering<'a> {
                 data_type,
                 ..
             } => self.cast(kind, expr, data_type, e),
-            Sql::Function(f) => Err(self.error(
+            other => Err(self.unsupported(other)),
+        }
+    }
+
+    /// The error for a form `--filter` does not take: functions, subqueries, and
+    /// the rest of SQL.
+    fn unsupported(&self, e: &Sql) -> FilterError {
+        match e {
+            Sql::Function(f) => self.error(
                 e.span(),
                 format!("functions such as {} are not supported in --filter", f.name),
-            )),
+            ),
             Sql::Subquery(_) | Sql::Exists { .. } => {
-                Err(self.error(e.span(), "subqueries are not supported in --filter"))
+                self.error(e.span(), "subqueries are not supported in --filter")
             }
-            other => Err(self.error(
+            other => self.error(
                 other.span(),
                 format!("{other} is not supported in --filter"),
-            )),
+            ),
         }
+    }
+
+    /// `inner IS [NOT] TRUE` (`value` true) or `IS [NOT] FALSE`: the operand must
+    /// be boolean.
+    fn is_bool(&mut self, inner: &Sql, value: bool, negated: bool) -> Result<Expr> {
+        let lowered = self.lower(inner)?;
+        let b = self.boolean(lowered, inner, "the operand of IS TRUE/FALSE")?;
+        Ok(not_if(negated, Expr::IsBool(Box::new(b), value)))
+    }
+
+    /// `expr BETWEEN low AND high` as `expr >= low AND expr <= high`.
+    fn between(&mut self, expr: &Sql, low: &Sql, high: &Sql, e: &Sql) -> Result<Expr> {
+        let low = self.compare(CmpOp::GtEq, expr, low, e)?;
+        let high = self.compare(CmpOp::LtEq, expr, high, e)?;
+        Ok(Expr::And(Box::new(low), Box::new(high)))
     }
 
     /// `left.NAME` or `right.NAME` (also `l.` and `r.`).
@@ -236,9 +237,12 @@ impl<'a> Lowering<'a> {
         any.ok_or_else(|| self.error(e.span(), "IN () needs at least one value"))
     }
 
-    /// LIKE escapes with a backslash (Arrow's rule); `ESCAPE '\'` says so, any
-    /// other escape character is refused.
-    fn check_escape(&self, escape: Option<&Sql>) -> Result<()> {
+    /// What a LIKE may not have: `ANY`, or an `ESCAPE` character other than the
+    /// backslash (LIKE escapes with a backslash, Arrow's rule; `ESCAPE '\'` says so).
+    fn check_like(&self, any: bool, escape: Option<&Sql>, e: &Sql) -> Result<()> {
+        if any {
+            return Err(self.error(e.span(), "LIKE ANY is not supported"));
+        }
         let Some(escape) = escape else {
             return Ok(());
         };
@@ -286,6 +290,41 @@ impl<'a> Lowering<'a> {
         quoted: bool,
         span: Span,
     ) -> Result<Expr> {
+        let (side, found) = self.resolve_column(qualifier, name, quoted, span)?;
+        let schema = if side == Side::Left {
+            self.left
+        } else {
+            self.right
+        };
+        let data_type = schema
+            .field_with_name(&found)
+            .map(|f| f.data_type().clone())
+            .map_err(|e| self.error(span, e.to_string()))?;
+        let index = self.read_column(side, found, &data_type);
+        let column = Expr::Column {
+            index,
+            data_type: data_type.clone(),
+        };
+        // Dictionaries are compared and computed by value.
+        Ok(match data_type {
+            DataType::Dictionary(_, value) => Expr::Cast {
+                expr: Box::new(column),
+                to: *value,
+                safe: false,
+            },
+            _ => column,
+        })
+    }
+
+    /// The input and the exact name of the one column `name` means (see
+    /// [`Self::column`]); an error if none or both inputs have it.
+    fn resolve_column(
+        &self,
+        qualifier: Option<Side>,
+        name: &str,
+        quoted: bool,
+        span: Span,
+    ) -> Result<(Side, String)> {
         let exact = |schema: &Schema| schema.index_of(name).ok().map(|_| name.to_string());
         let folded = |schema: &Schema| -> Option<String> {
             let mut matches = schema
@@ -312,8 +351,8 @@ impl<'a> Lowering<'a> {
                 .filter_map(|(side, schema)| folded(schema).map(|n| (*side, n)))
                 .collect();
         }
-        let (side, found) = match found.as_slice() {
-            [one] => one.clone(),
+        match found.as_slice() {
+            [one] => Ok(one.clone()),
             [] => {
                 let names = sides
                     .iter()
@@ -322,53 +361,32 @@ impl<'a> Lowering<'a> {
                     Some(side) => format!("the {side} input"),
                     None => "either input".into(),
                 };
-                return Err(self.error(
+                Err(self.error(
                     span,
                     format!("no column {name:?} in {place}{}", did_you_mean(name, names)),
-                ));
-            }
-            _ => {
-                return Err(self.error(
-                    span,
-                    format!(
-                        "{name:?} is a column of both inputs: write left.{name} or right.{name}"
-                    ),
                 ))
             }
-        };
-        let schema = if side == Side::Left {
-            self.left
-        } else {
-            self.right
-        };
-        let data_type = schema
-            .field_with_name(&found)
-            .map(|f| f.data_type().clone())
-            .map_err(|e| self.error(span, e.to_string()))?;
-        let index = match self
+            _ => Err(self.error(
+                span,
+                format!("{name:?} is a column of both inputs: write left.{name} or right.{name}"),
+            )),
+        }
+    }
+
+    /// The index of column `name` of `side` in the predicate's batch: where it
+    /// was, if the filter already reads it, else the next.
+    fn read_column(&mut self, side: Side, name: String, data_type: &DataType) -> usize {
+        match self
             .columns
             .iter()
-            .position(|(s, n, _)| *s == side && *n == found)
+            .position(|(s, n, _)| *s == side && *n == name)
         {
             Some(i) => i,
             None => {
-                self.columns.push((side, found, data_type.clone()));
+                self.columns.push((side, name, data_type.clone()));
                 self.columns.len() - 1
             }
-        };
-        let column = Expr::Column {
-            index,
-            data_type: data_type.clone(),
-        };
-        // Dictionaries are compared and computed by value.
-        Ok(match data_type {
-            DataType::Dictionary(_, value) => Expr::Cast {
-                expr: Box::new(column),
-                to: *value,
-                safe: false,
-            },
-            _ => column,
-        })
+        }
     }
 
     fn literal(&self, v: &SqlValue, span: Span) -> Result<Expr> {
@@ -648,6 +666,15 @@ impl<'a> Lowering<'a> {
             return self.fold(&cast, e.span());
         }
         Ok(cast)
+    }
+}
+
+/// `NOT expr` if `negated`, else `expr`.
+fn not_if(negated: bool, expr: Expr) -> Expr {
+    if negated {
+        Expr::Not(Box::new(expr))
+    } else {
+        expr
     }
 }
 

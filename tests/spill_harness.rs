@@ -121,7 +121,7 @@ fn side(
     )
     .unwrap();
     // Without the string, every column has a fixed width: spilled probe rows are
-    // gathered straight into their batch (src/gather.rs) instead of taken and
+    // gathered straight into their batch (src/gather/) instead of taken and
     // concatenated.
     if fixed_width {
         batch.project(&[0, 1]).unwrap()

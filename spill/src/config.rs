@@ -163,6 +163,9 @@ pub struct SpillConfig {
     pub disk_quota_bytes: Option<u64>,
     /// How files are read back.
     pub read_mode: SpillReadMode,
+    /// Faults to inject into the manager's files (tests; feature `fault-injection`).
+    #[cfg(feature = "fault-injection")]
+    pub faults: Option<crate::FaultPlan>,
 }
 
 impl SpillConfig {
@@ -187,6 +190,14 @@ impl SpillConfig {
     /// Sets [`SpillConfig::read_mode`].
     pub fn with_read_mode(mut self, read_mode: SpillReadMode) -> Self {
         self.read_mode = read_mode;
+        self
+    }
+
+    /// Sets [`SpillConfig::faults`]: the writes and reads of the manager's files that
+    /// fail (tests; feature `fault-injection`, see [`crate::FaultPlan`]).
+    #[cfg(feature = "fault-injection")]
+    pub fn with_faults(mut self, faults: crate::FaultPlan) -> Self {
+        self.faults = Some(faults);
         self
     }
 }

@@ -248,18 +248,21 @@ impl SpillFile {
     /// [`SpillError::SchemaMismatch`] if it holds another schema than the one
     /// it was written with (something rewrote the file).
     pub fn reader(&self) -> Result<SpillReader, SpillError> {
-        let (mode, extents) = match &self.inner.storage {
-            Storage::Whole(guard) => (guard.manager().config().read_mode, None),
+        let (config, extents) = match &self.inner.storage {
+            Storage::Whole(guard) => (guard.manager().config(), None),
             Storage::Shared { file, extents, .. } => {
-                (file.manager().config().read_mode, Some(Arc::clone(extents)))
+                (file.manager().config(), Some(Arc::clone(extents)))
             }
         };
-        SpillReader::open(
+        let reader = SpillReader::open(
             self.path(),
             extents,
             Some(self.schema()),
-            mode,
+            config.read_mode,
             Trust::WrittenByUs(self.clone()),
-        )
+        )?;
+        #[cfg(feature = "fault-injection")]
+        let reader = reader.with_faults(config.faults.clone());
+        Ok(reader)
     }
 }

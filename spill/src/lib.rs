@@ -84,6 +84,15 @@
 //! is the figure the quota is checked against, [`SpillManager::metrics`] the
 //! cumulative totals.
 //!
+//! # Fault injection
+//!
+//! With the cargo feature `fault-injection` (off by default; the engine's own tests
+//! turn it on), a [`SpillConfig`] can carry a `FaultPlan`: the nth write of a
+//! message to the manager's files of some label fails with `ENOSPC` or is written
+//! garbled, or the nth read is cut short, so that tests reach each phase of a join
+//! that spills with a full disk or a damaged file (see the `fault` module). Without
+//! the feature the hook does not exist.
+//!
 //! # Example
 //!
 //! ```
@@ -130,6 +139,8 @@
 mod compact;
 mod config;
 mod error;
+#[cfg(feature = "fault-injection")]
+pub mod fault;
 mod file;
 mod manager;
 mod message;
@@ -141,6 +152,8 @@ mod writer;
 pub use compact::view_data_bytes;
 pub use config::{ParseSpillOptionError, SpillCompression, SpillConfig, SpillReadMode};
 pub use error::SpillError;
+#[cfg(feature = "fault-injection")]
+pub use fault::{FaultKind, FaultPlan};
 pub use file::SpillFile;
 pub use manager::{SpillGroup, SpillManager, SpillMetrics};
 pub use narrow::{file_schema, fits_i32, segment_schema, NARROWED_KEY};

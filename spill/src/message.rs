@@ -216,6 +216,32 @@ impl MessageSource {
 
     /// The next message, `Ok(None)` at the end-of-stream marker.
     pub(crate) fn next_message(&mut self) -> Result<Option<RawMessage>, FrameError> {
+        let Some((metadata, body_len)) = self.next_header()? else {
+            return Ok(None);
+        };
+        let body = self.take(body_len, "message body")?;
+        Ok(Some(RawMessage { metadata, body }))
+    }
+
+    /// The next message as though the file ended halfway through its body (fault
+    /// injection, see [`crate::FaultKind::ShortRead`]): its header and half of its
+    /// body are read, then the error of a file that shrank while being read (of one
+    /// that ends inside the end-of-stream marker, at the marker).
+    #[cfg(feature = "fault-injection")]
+    pub(crate) fn next_message_cut_short(&mut self) -> Result<Option<RawMessage>, FrameError> {
+        let Some((_, body_len)) = self.next_header()? else {
+            return Err(FrameError::Corrupt(
+                "file ends inside a message header".to_owned(),
+            ));
+        };
+        let read = body_len / 2;
+        self.take(read, "message body")?;
+        Err(shrank("message body", body_len - read))
+    }
+
+    /// The next message's verified metadata and the length of its body, `Ok(None)`
+    /// at the end-of-stream marker.
+    fn next_header(&mut self) -> Result<Option<(MessageBuffer, usize)>, FrameError> {
         let Some(metadata_len) = self.read_prefix()? else {
             let trailing = self.remaining();
             if trailing != 0 {
@@ -231,8 +257,7 @@ impl MessageSource {
         let body_len = metadata.as_ref().bodyLength();
         let body_len = usize::try_from(body_len)
             .map_err(|_| FrameError::Corrupt(format!("negative message body length {body_len}")))?;
-        let body = self.take(body_len, "message body")?;
-        Ok(Some(RawMessage { metadata, body }))
+        Ok(Some((metadata, body_len)))
     }
 
     /// Reads the continuation marker (if any) and the metadata length;
@@ -296,10 +321,7 @@ impl MessageSource {
                     .read_to_end(&mut bytes)
                     .map_err(FrameError::Io)?;
                 if bytes.len() != len {
-                    return Err(FrameError::Corrupt(format!(
-                        "file shrank while being read: {what} short by {} bytes",
-                        len - bytes.len()
-                    )));
+                    return Err(shrank(what, len - bytes.len()));
                 }
                 b.remaining -= len as u64;
                 Ok(Buffer::from_vec(bytes))
@@ -408,6 +430,13 @@ fn map_file(file: &File, whole: bool) -> io::Result<Option<memmap2::Mmap>> {
         let _ = map.advise(memmap2::Advice::Sequential);
     }
     Ok(Some(map))
+}
+
+/// The error of a file that ended `short_by` bytes before the end of `what`.
+fn shrank(what: &str, short_by: usize) -> FrameError {
+    FrameError::Corrupt(format!(
+        "file shrank while being read: {what} short by {short_by} bytes"
+    ))
 }
 
 fn eof_is_corrupt(e: io::Error) -> FrameError {

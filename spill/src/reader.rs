@@ -126,6 +126,9 @@ pub struct SpillReader {
     narrowed: bool,
     /// Keeps our own file from being deleted while it is read.
     _file: Option<SpillFile>,
+    /// Reads to cut short (tests).
+    #[cfg(feature = "fault-injection")]
+    faults: Option<crate::FaultPlan>,
 }
 
 impl std::fmt::Debug for SpillReader {
@@ -221,7 +224,27 @@ impl SpillReader {
             finished: false,
             narrowed,
             _file: file,
+            #[cfg(feature = "fault-injection")]
+            faults: None,
         })
+    }
+
+    /// This reader, cutting short the reads `faults` says (tests).
+    #[cfg(feature = "fault-injection")]
+    pub(crate) fn with_faults(mut self, faults: Option<crate::FaultPlan>) -> Self {
+        self.faults = faults;
+        self
+    }
+
+    /// The next message of the file (cut short if the fault plan says so, tests).
+    fn next_message(&mut self) -> Result<Option<RawMessage>, FrameError> {
+        #[cfg(feature = "fault-injection")]
+        if let Some(faults) = &self.faults {
+            if faults.read_cut_short(&self.path) {
+                return self.source.next_message_cut_short();
+            }
+        }
+        self.source.next_message()
     }
 
     /// The schema of every batch this reader yields.
@@ -232,7 +255,7 @@ impl SpillReader {
     /// Decodes messages until the next record batch or the end of the stream.
     fn read_next(&mut self) -> Result<Option<RecordBatch>, SpillError> {
         loop {
-            let message = match self.source.next_message() {
+            let message = match self.next_message() {
                 Ok(Some(message)) => message,
                 Ok(None) => return Ok(None),
                 Err(e) => return Err(frame_error(&self.path, self.batches_read, e)),

@@ -73,8 +73,9 @@ impl CountingWriter {
             .fetch_add(bytes, Ordering::Relaxed);
         // On failure the reservation stays: some of the bytes may be in the
         // file, which the failed writer deletes when it is dropped.
-        write_all_vectored(&mut self.inner, buffers).map_err(|source| SpillError::Io {
-            path: self.guard.path().to_owned(),
+        let (manager, path) = (self.guard.manager(), self.guard.path());
+        write_out(manager, path, &mut self.inner, buffers).map_err(|source| SpillError::Io {
+            path: path.to_owned(),
             source,
         })
     }
@@ -133,7 +134,12 @@ impl SharedSink {
         // Until the write has gone through, the file's end is not known (a panic
         // unwinding out of here leaves this set, and the lock poisoned).
         state.failed = Some("a writer panicked while writing".to_owned());
-        if let Err(source) = write_all_vectored(&mut state.file, buffers) {
+        if let Err(source) = write_out(
+            self.file.manager(),
+            self.file.path(),
+            &mut state.file,
+            buffers,
+        ) {
             state.failed = Some(source.to_string());
             return Err(SpillError::Io {
                 path: path(),
@@ -203,8 +209,33 @@ impl Sink {
     }
 }
 
+/// Writes one message's buffers to `file`, at `path`, of `manager`: with
+/// [`write_all_vectored`], or as the manager's fault plan says (tests).
+#[cfg(feature = "fault-injection")]
+fn write_out(
+    manager: &ManagerInner,
+    path: &Path,
+    file: &mut File,
+    buffers: &[Buffer],
+) -> io::Result<()> {
+    let write_all: fn(&mut dyn Write, &[Buffer]) -> io::Result<()> =
+        |writer, buffers| write_all_vectored(writer, buffers);
+    match &manager.config().faults {
+        Some(faults) => faults.write_message(path, file, buffers, write_all),
+        None => write_all_vectored(file, buffers),
+    }
+}
+
+/// Writes one message's buffers to `file` with [`write_all_vectored`] (without the
+/// feature `fault-injection`, nothing else).
+#[cfg(not(feature = "fault-injection"))]
+#[inline(always)]
+fn write_out(_: &ManagerInner, _: &Path, file: &mut File, buffers: &[Buffer]) -> io::Result<()> {
+    write_all_vectored(file, buffers)
+}
+
 /// `Write::write_all_vectored`, which is not stable yet.
-fn write_all_vectored(writer: &mut impl Write, buffers: &[Buffer]) -> io::Result<()> {
+fn write_all_vectored(writer: &mut (impl Write + ?Sized), buffers: &[Buffer]) -> io::Result<()> {
     let mut slices: Vec<IoSlice<'_>> = buffers
         .iter()
         .filter(|b| !b.is_empty())

@@ -96,7 +96,9 @@ pub(crate) struct SharedState {
     pub(crate) len: u64,
     /// Why a write failed partway: the end of the file is not known to be `len`
     /// any more, so nothing more is appended.
-    pub(crate) failed: Option<String>,
+    /// (The kind of the failure's error and its message: the writes refused after it
+    /// carry its kind, so that they too say "the disk is full".)
+    pub(crate) failed: Option<(std::io::ErrorKind, String)>,
 }
 
 impl SharedFile {

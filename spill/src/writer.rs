@@ -111,12 +111,13 @@ impl SharedSink {
         let bytes: u64 = buffers.iter().map(|b| b.len() as u64).sum();
         let path = || self.file.path().to_owned();
         let mut state = self.file.lock();
-        if let Some(cause) = &state.failed {
+        if let Some((kind, cause)) = &state.failed {
             return Err(SpillError::Io {
                 path: path(),
-                source: io::Error::other(format!(
-                    "an earlier write to this shared file failed: {cause}"
-                )),
+                source: io::Error::new(
+                    *kind,
+                    format!("an earlier write to this shared file failed: {cause}"),
+                ),
             });
         }
         if let Err(denied) = state.guard.reserve(bytes) {
@@ -133,14 +134,17 @@ impl SharedSink {
             .fetch_add(bytes, Ordering::Relaxed);
         // Until the write has gone through, the file's end is not known (a panic
         // unwinding out of here leaves this set, and the lock poisoned).
-        state.failed = Some("a writer panicked while writing".to_owned());
+        state.failed = Some((
+            io::ErrorKind::Other,
+            "a writer panicked while writing".to_owned(),
+        ));
         if let Err(source) = write_out(
             self.file.manager(),
             self.file.path(),
             &mut state.file,
             buffers,
         ) {
-            state.failed = Some(source.to_string());
+            state.failed = Some((source.kind(), source.to_string()));
             return Err(SpillError::Io {
                 path: path(),
                 source,

@@ -101,6 +101,23 @@ fn a_full_disk_fails_the_write_aimed_at_and_the_file_goes_with_its_writer() {
 }
 
 #[test]
+fn after_a_full_disk_every_write_to_the_shared_file_says_so() {
+    let faults = FaultPlan::new().no_space_on_write("build-d0", 2);
+    let m = manager(&faults, SpillReadMode::Buffered);
+    let group = m.create_group("build-d0", 1);
+    let mut first = group.create_writer(schema(), 0).unwrap();
+    let mut second = group.create_writer(schema(), 1).unwrap();
+    first.write(&batch(10)).unwrap();
+    assert!(is_no_space(&first.write(&batch(10)).unwrap_err()));
+    // The other writer of the same shared file: its end is unknown now, and the
+    // refusal keeps the kind of the failure (a caller tells a full disk by it).
+    let err = second.write(&batch(10)).unwrap_err();
+    assert!(is_no_space(&err), "{err:?}");
+    drop((first, second, group));
+    assert_clean(&m);
+}
+
+#[test]
 fn a_garbled_message_is_found_where_it_is_read_in_both_modes() {
     for mode in [SpillReadMode::Buffered, SpillReadMode::Mmap] {
         // The second write: the file's second batch.

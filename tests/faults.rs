@@ -98,6 +98,15 @@ const SPILLED: Phase = Phase {
     partition_bits: None,
 };
 
+/// [`PRESSURE`] on one thread, where what is written when is the same at every run:
+/// the build's 91st to 96th writes are those that make room for the probe once the
+/// input has ended.
+const PRESSURE_1: Phase = Phase {
+    name: "memory pressure, one thread",
+    threads: 1,
+    ..PRESSURE
+};
+
 /// One partition at level 0, joined in chunks under 2 MiB: the pair's build file in
 /// several chunks, its probe file read once per chunk.
 const CHUNKS: Phase = Phase {
@@ -414,6 +423,25 @@ fn faults_reading_spilled_pairs_back() {
         case(SPILLED, FaultKind::ShortRead, "probe-d0", 3),
         case(MMAP, FaultKind::ShortRead, "build-d0", 2),
         case(MMAP, FaultKind::CorruptMessage, "probe-d0", 1),
+    ]);
+}
+
+/// Faults while memory runs out: a write of a partition spilled while the build is
+/// collecting (early or late) or while it makes room for the probe, of a probe
+/// buffer, and a read of a pair joined beside others.
+#[test]
+fn faults_under_memory_pressure() {
+    run_all(&[
+        case(PRESSURE, FaultKind::NoSpace, "build-d0", 1),
+        case(PRESSURE, FaultKind::NoSpace, "build-d0", 40),
+        case(PRESSURE, FaultKind::NoSpace, "build-d0", 75),
+        case(PRESSURE_1, FaultKind::NoSpace, "build-d0", 93),
+        case(PRESSURE, FaultKind::NoSpace, "probe-d0", 10),
+        case(PRESSURE, FaultKind::NoSpace, "probe-d0", 30),
+        case(PRESSURE, FaultKind::CorruptMessage, "build-d0", 60),
+        case(PRESSURE, FaultKind::ShortRead, "build-d0", 5),
+        case(PRESSURE, FaultKind::ShortRead, "build-d0", 70),
+        case(PRESSURE, FaultKind::ShortRead, "probe-d0", 30),
     ]);
 }
 

@@ -126,17 +126,17 @@ impl BuildCollector<'_> {
         let mut headroom_reservation = self.base.new_empty();
         // The buffers are worth spilling build rows for, not failing for: near the
         // floor, where everything is spilled and still does not leave room for them,
-        // the workers' part alone is reserved.
-        if buffers == 0
-            || self
-                .reserve(
-                    &mut headroom_reservation,
-                    (workers + buffers).min(limit / 2),
-                )
-                .is_err()
-        {
-            self.reserve(&mut headroom_reservation, workers)?;
+        // the workers' part alone is reserved. (Only a refusal of the memory falls
+        // back: a spill write that failed on the way ends the join, with its cause.)
+        if buffers > 0 {
+            let all = (workers + buffers).min(limit / 2);
+            match self.reserve(&mut headroom_reservation, all) {
+                Ok(()) => return Ok(headroom_reservation),
+                Err(JoinError::ResourcesExhausted { .. }) => {}
+                Err(e) => return Err(e),
+            }
         }
+        self.reserve(&mut headroom_reservation, workers)?;
         Ok(headroom_reservation)
     }
 

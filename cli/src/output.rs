@@ -150,8 +150,9 @@ impl OutputSpec {
 
     /// Removes the orphaned temporary files of this output (a file destination's
     /// `.NAME.spilljoin-XXXXXX.tmp` beside it, left by joins killed outright):
-    /// those nobody holds the lock of. Nothing to do for other destinations, or
-    /// when the directory does not exist ([`OutputSpec::create`] says so).
+    /// those nobody holds the lock of. Nothing to do for other destinations, nor
+    /// when the directory cannot be read: [`OutputSpec::create`] says next what is
+    /// wrong with it, if anything is.
     pub fn remove_stale_temporaries(&self) -> stale::Cleanup {
         let Destination::File(path) = &self.destination else {
             return stale::Cleanup::default();
@@ -159,14 +160,7 @@ impl OutputSpec {
         let Ok((dir, name)) = dir_and_name(path) else {
             return stale::Cleanup::default();
         };
-        match stale::remove_orphans(dir, Some(&name)) {
-            Ok(cleanup) => cleanup,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => stale::Cleanup::default(),
-            Err(e) => stale::Cleanup {
-                removed: Vec::new(),
-                failures: vec![(dir.to_path_buf(), e)],
-            },
-        }
+        stale::remove_orphans(dir, Some(&name)).unwrap_or_default()
     }
 
     /// Starts writing batches of `schema`: creates the temporary file (for a file

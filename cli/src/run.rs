@@ -240,7 +240,7 @@ fn create_join_and_output(
     interrupt.remove_on_forced_exit(spill.dir().to_path_buf());
     let outputs = plan.request.output.remove_stale_temporaries();
     *stale = StaleRemoved::of(spill.stale_dirs_removed(), &outputs);
-    super::stale::warn_failures(spill.stale_dirs_removed(), &outputs);
+    super::stale::warn_failures(spill.stale_dirs_removed(), spill.dir().parent(), &outputs);
     if let Some(line) = stale.line().filter(|_| !plan.request.run.quiet) {
         eprintln!("{line}");
     }

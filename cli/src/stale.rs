@@ -268,10 +268,19 @@ impl StaleRemoved {
     }
 }
 
-/// Prints a warning for each stale item that could not be removed.
-pub fn warn_failures(spill: &StaleDirCleanup, outputs: &Cleanup) {
+/// Prints a warning for each stale item that could not be removed, and for a
+/// spill root (`root`) that could not be searched.
+pub fn warn_failures(spill: &StaleDirCleanup, root: Option<&Path>, outputs: &Cleanup) {
     for failure in &spill.failures {
-        eprintln!("spilljoin: warning: cannot remove stale spill directory {failure}");
+        if Some(failure.path.as_path()) == root {
+            eprintln!(
+                "spilljoin: warning: cannot look for stale spill directories in {}: {}",
+                failure.path.display(),
+                failure.error
+            );
+        } else {
+            eprintln!("spilljoin: warning: cannot remove stale spill directory {failure}");
+        }
     }
     for (path, error) in &outputs.failures {
         eprintln!(

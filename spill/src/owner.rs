@@ -217,7 +217,7 @@ impl StaleDirCleanup {
 }
 
 /// Lists the stale spill directories in `root`, removing nothing: those whose
-/// owner is gone (see the [module documentation](self)). Between the listing and
+/// owner is gone, as [`remove_stale_dirs`] tells them. Between the listing and
 /// anything done with it, a directory's state may change only from stale to gone.
 ///
 /// # Errors
@@ -236,9 +236,13 @@ pub fn find_stale_dirs(root: &Path) -> io::Result<Vec<StaleDir>> {
 }
 
 /// Removes the stale spill directories in `root`: every `spilljoin-XXXXXX`
-/// directory whose lock file is ours, unlocked and written (see the [module
-/// documentation](self)). Never a live join's directory, nor anything that is not
-/// ours.
+/// directory (not a link) whose lock file ([`OWNER_FILE_NAME`]) is there, can be
+/// locked (so its owner's process has ended: the owner holds the lock for the
+/// directory's whole life), is still at its path once locked, and holds an
+/// [`OwnerRecord`] of another process. Never a live join's directory, nor anything
+/// that is not ours, nor one whose lock file is still empty (an owner between
+/// creating and writing it). Each is removed with its lock held, the lock file
+/// last, so a removal that fails partway can be tried again.
 ///
 /// # Errors
 ///

@@ -33,6 +33,10 @@ pub enum Command {
     Join(Box<JoinArgs>),
     /// Generate TPC-H-shaped orders and lineitem tables and join them.
     Demo(DemoArgs),
+    /// Remove what joins killed outright (SIGKILL, the OOM killer) left behind:
+    /// stale spill directories and temporary outputs.
+    #[command(after_long_help = CLEAN_HELP)]
+    Clean(CleanArgs),
 }
 
 /// The exit codes, as both helps end with them (a macro: `concat!` takes literals).
@@ -62,6 +66,9 @@ spilljoin join: the flags, in short (`spilljoin join --help` explains each):
   running  [--memory-limit SIZE] [--spill-dir DIR] [--spill-compression none|lz4|zstd]
            [--max-spill-size SIZE] [--max-depth N] [--threads N] [--batch-size N]
            [--metrics PATH] [-q]
+
+spilljoin clean [--spill-dir DIR] [--output-dir DIR] [--dry-run]: remove what joins
+  killed outright left behind (every join also does it when it starts).
 
 Examples:
   spilljoin demo                       generate TPC-H-shaped data and join it in 8 MiB
@@ -239,6 +246,40 @@ pub struct JoinArgs {
     /// Run settings.
     #[command(flatten)]
     pub run: RunArgs,
+}
+
+/// `spilljoin clean --help` after the flags.
+const CLEAN_HELP: &str = concat!(
+    "\
+Every join does this by itself when it starts, in its --spill-dir and for its
+--output; `clean` is for directories no join will use again soon. A directory or
+file is stale when no running process holds its lock: a running join's are never
+touched, nor anything spilljoin did not make. It prints each item removed with its
+bytes, then the total. An item that cannot be removed is a warning, and the exit
+code is then 6 (a spill directory) or 5 (an output).
+
+Examples:
+  spilljoin clean --spill-dir /mnt/scratch --dry-run
+  spilljoin clean --spill-dir /mnt/scratch --output-dir results/
+
+",
+    exit_codes_help!()
+);
+
+/// `spilljoin clean`.
+#[derive(Debug, Args)]
+pub struct CleanArgs {
+    /// Where joins spilled (their --spill-dir): stale `spilljoin-XXXXXX`
+    /// directories in it are removed [default: the system temp dir].
+    #[arg(long, value_name = "DIR")]
+    pub spill_dir: Option<PathBuf>,
+    /// Where joins wrote their output (the directory of their --output): orphaned
+    /// temporary outputs `.NAME.spilljoin-XXXXXX.tmp` in it are removed.
+    #[arg(long, value_name = "DIR")]
+    pub output_dir: Option<PathBuf>,
+    /// List what would be removed, with its bytes, and remove nothing.
+    #[arg(long)]
+    pub dry_run: bool,
 }
 
 /// `spilljoin demo`.

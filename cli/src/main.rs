@@ -1,5 +1,6 @@
 //! The `spilljoin` command line: `spilljoin join` over Parquet, Arrow IPC, CSV and
-//! NDJSON, and `spilljoin demo`. See `spilljoin --help` and the README.
+//! NDJSON, `spilljoin demo`, and `spilljoin clean`. See `spilljoin --help` and the
+//! README.
 //!
 //! It is a crate of its own so that the library carries none of its dependencies
 //! (argument parsing, file formats, the filter's SQL parser, progress bars, signals):
@@ -10,11 +11,14 @@
 //! [`filter`] (`--filter` parsed, typed and evaluated), [`select`] (`--select`),
 //! [`plan`] (everything resolved before a row is read; `--explain`), [`run`]
 //! (executing a plan), [`output`] (writers and atomic files), [`progress`],
-//! [`metrics`] (`--metrics` JSON), [`signals`] (Ctrl-C and SIGTERM), [`failure`]
-//! (exit codes and one-line errors), [`suggest`] ("did you mean"), [`demo`].
+//! [`metrics`] (`--metrics` JSON), [`signals`] (Ctrl-C and SIGTERM), [`stale`] (what
+//! killed joins leave behind, told from what live ones hold), [`clean`] (removing
+//! it on demand), [`failure`] (exit codes and one-line errors), [`suggest`] ("did
+//! you mean"), [`demo`].
 
 mod allocator;
 mod args;
+mod clean;
 mod demo;
 mod failure;
 mod filter;
@@ -28,6 +32,7 @@ mod pushdown;
 mod run;
 mod select;
 mod signals;
+mod stale;
 mod suggest;
 
 use clap::Parser;
@@ -73,6 +78,7 @@ fn run_cli() -> i32 {
     let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| match cli.command {
         args::Command::Join(join) => run::join(*join, &interrupt),
         args::Command::Demo(demo) => demo::run(&demo, &interrupt),
+        args::Command::Clean(clean) => clean::run(&clean),
     }));
     match result {
         Ok(Ok(())) => 0,

@@ -14,6 +14,8 @@
 //!   "probe": { "rows", "rows_spilled", "bytes_spilled", "rows_skipped_by_bloom" },
 //!   "spill": { "files", "partitions_spilled", "max_recursion_depth", "fallbacks", "hot_key_splits", "swapped_pairs", "dir", "compression" },
 //!   "memory": { "limit_bytes", "peak_reserved_bytes", "peak_rss_bytes" },
+//!   "stale_removed": { "spill_dirs", "spill_dir_bytes", "temporary_outputs",
+//!                      "temporary_output_bytes", "failures" },  // left by killed joins
 //!   ...the same figures flat, as earlier versions wrote them
 //! }
 //! ```
@@ -32,6 +34,7 @@ use super::format::Format;
 use super::input::{Input, ReadCounters};
 use super::plan::Plan;
 use super::pushdown::PushdownCounters;
+use super::stale::StaleRemoved;
 
 /// How a run ended.
 pub struct Outcome<'a> {
@@ -67,7 +70,13 @@ pub fn peak_rss_bytes() -> Option<u64> {
 
 /// The report as JSON: the outcome and the plan's choices, then a section per part
 /// of the run, then the same figures flat.
-pub fn report(plan: &Plan, m: &JoinMetrics, reads: &Reads, outcome: &Outcome) -> Value {
+pub fn report(
+    plan: &Plan,
+    m: &JoinMetrics,
+    reads: &Reads,
+    outcome: &Outcome,
+    stale: &StaleRemoved,
+) -> Value {
     let r = &plan.request;
     let peak_rss = peak_rss_bytes();
     let mut report = json!({
@@ -111,6 +120,7 @@ pub fn report(plan: &Plan, m: &JoinMetrics, reads: &Reads, outcome: &Outcome) ->
             "peak_reserved_bytes": m.peak_reserved_bytes,
             "peak_rss_bytes": peak_rss,
         },
+        "stale_removed": stale_removed(stale),
     });
     if let (Value::Object(report), Value::Object(flat)) = (&mut report, flat(plan, m, peak_rss)) {
         // (The map keeps insertion order: the flat figures come last.)
@@ -157,6 +167,17 @@ fn spill(plan: &Plan, m: &JoinMetrics) -> Value {
         "dir": spill_dir.display().to_string(),
         "compression": plan.spill.compression.to_string(),
         "max_bytes": plan.spill.disk_quota_bytes,
+    })
+}
+
+/// What killed joins left behind, removed when this one started.
+fn stale_removed(stale: &StaleRemoved) -> Value {
+    json!({
+        "spill_dirs": stale.spill_dirs,
+        "spill_dir_bytes": stale.spill_dir_bytes,
+        "temporary_outputs": stale.temporary_outputs,
+        "temporary_output_bytes": stale.temporary_output_bytes,
+        "failures": stale.failures,
     })
 }
 

@@ -2,10 +2,13 @@
 //! or stdout — or nowhere, only counted.
 //!
 //! A file is never written in place. The output goes to a hidden temporary file in
-//! the destination's directory (`.NAME.XXXXXX.tmp`), which is synced and renamed
-//! over NAME only when the join has finished and the writer closed the format. A
-//! join that fails, or is interrupted, drops the temporary file, and NAME is
-//! untouched: nothing that looks like a finished output is ever partial.
+//! the destination's directory (`.NAME.spilljoin-XXXXXX.tmp`), which is synced and
+//! renamed over NAME only when the join has finished and the writer closed the
+//! format. A join that fails, or is interrupted, drops the temporary file, and NAME
+//! is untouched: nothing that looks like a finished output is ever partial. The
+//! join holds a lock on the temporary file while it lives, so that one left by a
+//! join killed outright is told apart and removed by the next join writing NAME
+//! ([`OutputSpec::remove_stale_temporaries`]; the protocol is [`super::stale`]'s).
 //!
 //! The temporary file is created before the join starts, so an unwritable
 //! destination is reported before any work is done.
@@ -28,6 +31,7 @@ use tempfile::TempPath;
 
 use super::failure::Kind;
 use super::format::{CsvOptions, Format, EXTENSIONS};
+use super::stale;
 
 /// Where the output goes.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -142,6 +146,21 @@ impl OutputSpec {
             )));
         }
         Ok(())
+    }
+
+    /// Removes the orphaned temporary files of this output (a file destination's
+    /// `.NAME.spilljoin-XXXXXX.tmp` beside it, left by joins killed outright):
+    /// those nobody holds the lock of. Nothing to do for other destinations, nor
+    /// when the directory cannot be read: [`OutputSpec::create`] says next what is
+    /// wrong with it, if anything is.
+    pub fn remove_stale_temporaries(&self) -> stale::Cleanup {
+        let Destination::File(path) = &self.destination else {
+            return stale::Cleanup::default();
+        };
+        let Ok((dir, name)) = dir_and_name(path) else {
+            return stale::Cleanup::default();
+        };
+        stale::remove_orphans(dir, Some(&name)).unwrap_or_default()
     }
 
     /// Starts writing batches of `schema`: creates the temporary file (for a file
@@ -284,8 +303,11 @@ fn create_failure(path: &Path) -> super::failure::Failure {
     Kind::Output.context(format!("cannot create the output {}", path.display()))
 }
 
-/// A hidden temporary file beside `path`, removed when its [`TempPath`] drops.
-fn temporary_file(path: &Path) -> Result<(File, TempPath)> {
+/// The directory of the output file `path` and its file name.
+///
+/// # Errors
+/// A definition failure if `path` has no file name.
+fn dir_and_name(path: &Path) -> Result<(&Path, String)> {
     let dir = match path.parent() {
         Some(p) if !p.as_os_str().is_empty() => p,
         _ => Path::new("."),
@@ -296,12 +318,14 @@ fn temporary_file(path: &Path) -> Result<(File, TempPath)> {
         .ok_or_else(|| {
             Kind::Definition.error(format!("--output {} is not a file name", path.display()))
         })?;
-    let temp = tempfile::Builder::new()
-        .prefix(&format!(".{name}."))
-        .suffix(".tmp")
-        .tempfile_in(dir)
-        .with_context(|| create_failure(path))?;
-    Ok(temp.into_parts())
+    Ok((dir, name))
+}
+
+/// A hidden temporary file beside `path`, locked while it is open, removed when
+/// its [`TempPath`] drops.
+fn temporary_file(path: &Path) -> Result<(File, TempPath)> {
+    let (dir, name) = dir_and_name(path)?;
+    stale::create_temporary(dir, &name).with_context(|| create_failure(path))
 }
 
 /// The format's writer over the destination.
@@ -319,7 +343,9 @@ enum Target {
     Count,
     Stdout,
     /// A temporary file, renamed to `path` by [`OutputWriter::finish`]; dropping the
-    /// `TempPath` deletes it.
+    /// `TempPath` deletes it. `sync` shares the writer's open file, and with it the
+    /// file's lock: the lock goes with the last of the two, after the rename or the
+    /// deletion (fields drop in order).
     File {
         temp: TempPath,
         sync: File,

@@ -4,7 +4,8 @@
 //!  open inputs ─► plan (columns, filter, statistics, build side) ─► --explain? print, stop
 //!      │
 //!      ▼
-//!  spill manager (private dir under --spill-dir) ─► output's temporary file
+//!  spill manager (private dir under --spill-dir; stale ones removed) ─► output's
+//!  temporary file (orphaned ones removed)
 //!      ─► input streams (counted) ─► JoinStream ──► write each batch ─► rename output
 //!             │                         │ cancel handle ─► signal watcher
 //!             │                         └ metrics handle ─► progress line
@@ -33,6 +34,7 @@ use super::plan::{JoinRequest, Plan};
 use super::progress::{human_bytes, Progress, SideProgress};
 use super::pushdown::{ProbePushdown, PushdownCounters};
 use super::signals::{signal_name, Interrupt};
+use super::stale::StaleRemoved;
 
 /// Runs `spilljoin join`.
 ///
@@ -99,10 +101,9 @@ pub fn execute(plan: &Plan, interrupt: &Interrupt) -> Result<()> {
         Arc::new(ReadCounters::default()),
         Arc::new(ReadCounters::default()),
     );
-    let mut rows = 0u64;
-    let mut metrics = JoinMetrics::default();
+    let mut counts = Counts::default();
     let pushed = Arc::new(PushdownCounters::default());
-    let result = run(plan, interrupt, &counters, &pushed, &mut rows, &mut metrics);
+    let result = run(plan, interrupt, &counters, &pushed, &mut counts);
     let result = match result {
         // The reader of stdout has all it wanted (`spilljoin ... | head`).
         Err(e) if stdout_closed(&e, &plan.request.output) => Ok(()),
@@ -123,7 +124,7 @@ pub fn execute(plan: &Plan, interrupt: &Interrupt) -> Result<()> {
             status,
             exit_code,
             error,
-            output_rows: rows,
+            output_rows: counts.rows,
             elapsed,
         };
         let reads = Reads {
@@ -131,7 +132,8 @@ pub fn execute(plan: &Plan, interrupt: &Interrupt) -> Result<()> {
             right: &counters.1,
             pushdown: &pushed,
         };
-        let written = metrics::write(path, &metrics::report(plan, &metrics, &reads, &outcome));
+        let report = metrics::report(plan, &counts.metrics, &reads, &outcome, &counts.stale);
+        let written = metrics::write(path, &report);
         // The join's own error matters more than the report's.
         if result.is_ok() {
             written?;
@@ -139,25 +141,35 @@ pub fn execute(plan: &Plan, interrupt: &Interrupt) -> Result<()> {
     }
     result?;
     if !plan.request.run.quiet {
-        summary(plan, rows, elapsed, &metrics, &pushed);
+        summary(plan, counts.rows, elapsed, &counts.metrics, &pushed);
     }
     Ok(())
 }
 
-/// The run itself; `rows` and `metrics` are filled in however it ends.
+/// What a run counts, filled in however it ends.
+#[derive(Default)]
+struct Counts {
+    /// Output rows written (or counted).
+    rows: u64,
+    /// The join's figures.
+    metrics: JoinMetrics,
+    /// What killed joins left, removed at the start.
+    stale: StaleRemoved,
+}
+
+/// The run itself; `counts` are filled in however it ends.
 fn run(
     plan: &Plan,
     interrupt: &Interrupt,
     counters: &(Arc<ReadCounters>, Arc<ReadCounters>),
     pushed: &Arc<PushdownCounters>,
-    rows: &mut u64,
-    metrics: &mut JoinMetrics,
+    counts: &mut Counts,
 ) -> Result<()> {
     check_before_writing(plan)?;
     if !plan.limit_given {
         super::allocator::keep_freed_memory();
     }
-    let (join, mut writer) = create_join_and_output(plan, interrupt)?;
+    let (join, mut writer) = create_join_and_output(plan, interrupt, &mut counts.stale)?;
     let pushdown = probe_pushdown(plan, &join, pushed);
     let (left, right) = open_streams(plan, &join, counters, pushdown.as_ref())?;
     interrupted(interrupt)?;
@@ -186,9 +198,9 @@ fn run(
         plan.limit_bytes,
     );
     let schema = plan.rename.then_some(&plan.schema);
-    let written = write_all(&mut stream, &mut writer, schema, rows);
+    let written = write_all(&mut stream, &mut writer, schema, &mut counts.rows);
     progress.finish();
-    *metrics = stream.metrics();
+    counts.metrics = stream.metrics();
     // Dropping the stream ends the join and removes its spill files.
     drop(stream);
     written?;
@@ -217,9 +229,21 @@ fn check_before_writing(plan: &Plan) -> Result<()> {
 
 /// The join with its spill manager, and the output's writer; both the spill
 /// directory and the output's temporary file are removed if a signal forces an exit.
-fn create_join_and_output(plan: &Plan, interrupt: &Interrupt) -> Result<(HashJoin, OutputWriter)> {
+/// What killed joins left in the spill directory (removed by the spill manager) and
+/// beside the output (removed here) goes into `stale`, and is told on stderr.
+fn create_join_and_output(
+    plan: &Plan,
+    interrupt: &Interrupt,
+    stale: &mut StaleRemoved,
+) -> Result<(HashJoin, OutputWriter)> {
     let spill = SpillManager::new(plan.spill.clone())?;
     interrupt.remove_on_forced_exit(spill.dir().to_path_buf());
+    let outputs = plan.request.output.remove_stale_temporaries();
+    *stale = StaleRemoved::of(spill.stale_dirs_removed(), &outputs);
+    super::stale::warn_failures(spill.stale_dirs_removed(), spill.dir().parent(), &outputs);
+    if let Some(line) = stale.line().filter(|_| !plan.request.run.quiet) {
+        eprintln!("{line}");
+    }
     let join = plan.builder.clone().with_spill_manager(spill).build()?;
     let writer = plan.request.output.create(&plan.schema)?;
     if let Some(temp) = writer.temporary_path() {

@@ -10,6 +10,8 @@
 //!
 //! ```text
 //! SpillManager::new(config)          creates  $root/spilljoin-XXXXXX/  (0o700)
+//!   │                                  with owner.lock (locked while it lives),
+//!   │                                  and removes stale spilljoin-XXXXXX/ beside it
 //!   │
 //!   ├─ create_writer(schema, label) ─► SpillWriter        000042-<label>.arrows
 //!   │                                    │  write(&batch)*   (quota checked on
@@ -57,8 +59,11 @@
 //! state, so the directory outlives every file in it and is removed,
 //! recursively, when the last [`SpillManager`] clone and the last file are
 //! gone. All of this happens in `Drop`, so it also happens while a panic
-//! unwinds. (A process killed outright leaves its `spilljoin-*` directory
-//! behind in the temporary directory.)
+//! unwinds. A process killed outright runs no code and leaves its directory
+//! behind; the directory's lock file ([`OWNER_FILE_NAME`], locked while its owner
+//! lives) lets the next manager in the same root tell it from a live join's and
+//! remove it ([`SpillManager::stale_dirs_removed`], [`remove_stale_dirs`]; the
+//! `owner` module's documentation has the protocol and its races).
 //!
 //! # Shared files
 //!
@@ -145,6 +150,7 @@ mod file;
 mod manager;
 mod message;
 mod narrow;
+mod owner;
 mod quota;
 mod reader;
 mod writer;
@@ -157,6 +163,10 @@ pub use fault::{FaultKind, FaultPlan};
 pub use file::SpillFile;
 pub use manager::{SpillGroup, SpillManager, SpillMetrics};
 pub use narrow::{file_schema, fits_i32, segment_schema, NARROWED_KEY};
+pub use owner::{
+    find_stale_dirs, remove_stale_dirs, OwnerRecord, StaleDir, StaleDirCleanup, StaleDirFailure,
+    OWNER_FILE_NAME,
+};
 pub use reader::{read_spill_file, SpillReader, UNTRUSTED_DECODED_BYTES_MAX};
 pub use writer::SpillWriter;
 

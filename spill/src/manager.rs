@@ -1,4 +1,8 @@
 //! The spill manager: one private directory, one quota, many files.
+//!
+//! Creating a manager also removes the stale spill directories beside its own,
+//! those of joins killed outright ([`crate::owner`] says how a directory's owner is
+//! told apart from a live one); [`SpillManager::stale_dirs_removed`] says what went.
 
 use std::fs::{File, OpenOptions};
 use std::path::{Path, PathBuf};
@@ -10,6 +14,7 @@ use arrow_schema::SchemaRef;
 use crate::config::SpillConfig;
 use crate::error::SpillError;
 use crate::file::{lock, FileGuard, SharedFile};
+use crate::owner::{remove_stale_dirs_except, OwnedDir, StaleDirCleanup, StaleDirFailure};
 use crate::quota::DiskQuota;
 use crate::writer::{CountingWriter, SharedSink, Sink, SpillWriter};
 
@@ -46,8 +51,10 @@ pub struct SpillManager {
 
 /// The state shared by a manager's clones, writers and files.
 pub(crate) struct ManagerInner {
-    /// Removed recursively when dropped.
-    dir: tempfile::TempDir,
+    /// Removed, with everything in it, when dropped; its lock file held until then.
+    dir: OwnedDir,
+    /// The stale directories removed when the manager was created.
+    stale: StaleDirCleanup,
     config: SpillConfig,
     pub(crate) quota: DiskQuota,
     pub(crate) live_files: AtomicUsize,
@@ -80,34 +87,36 @@ impl SpillManager {
     /// inside [`SpillConfig::root_dir`] (or [`std::env::temp_dir`]). On Unix
     /// the directory is readable and writable by the owner only (`0o700`).
     ///
+    /// The directory holds a lock file, locked for the manager's lifetime
+    /// ([`crate::OWNER_FILE_NAME`]), that proves to other processes that its owner
+    /// is alive. Then the stale `spilljoin-XXXXXX` directories in the same root
+    /// (those of processes killed outright) are removed, as by
+    /// [`crate::remove_stale_dirs`]: what went, and what could not, is in
+    /// [`SpillManager::stale_dirs_removed`]; it is never an error.
+    ///
     /// # Errors
     ///
-    /// [`SpillError::CreateDir`] if the directory cannot be created, for
-    /// example because the root does not exist or is not writable.
+    /// [`SpillError::CreateDir`] if the directory or its lock file cannot be
+    /// created, for example because the root does not exist or is not writable.
     pub fn new(config: SpillConfig) -> Result<Self, SpillError> {
         let root = config.root_dir.clone().unwrap_or_else(std::env::temp_dir);
-        let create_dir_error = |source| SpillError::CreateDir {
+        let dir = OwnedDir::create(&root).map_err(|source| SpillError::CreateDir {
             root: root.clone(),
             source,
-        };
-        let mut builder = tempfile::Builder::new();
-        builder.prefix("spilljoin-");
-        #[cfg(unix)]
-        {
-            use std::os::unix::fs::PermissionsExt;
-            builder.permissions(std::fs::Permissions::from_mode(0o700));
-        }
-        let dir = builder.tempdir_in(&root).map_err(create_dir_error)?;
-        #[cfg(unix)]
-        {
-            // The mode given to mkdir is filtered by the umask; make sure.
-            use std::os::unix::fs::PermissionsExt;
-            std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o700))
-                .map_err(create_dir_error)?;
-        }
+        })?;
+        let stale = remove_stale_dirs_except(&root, Some(dir.path())).unwrap_or_else(|error| {
+            StaleDirCleanup {
+                removed: Vec::new(),
+                failures: vec![StaleDirFailure {
+                    path: root.clone(),
+                    error: Arc::new(error),
+                }],
+            }
+        });
         Ok(Self {
             inner: Arc::new(ManagerInner {
                 dir,
+                stale,
                 quota: DiskQuota::new(config.disk_quota_bytes),
                 config,
                 live_files: AtomicUsize::new(0),
@@ -123,6 +132,13 @@ impl SpillManager {
     /// The private spill directory.
     pub fn dir(&self) -> &Path {
         self.inner.dir.path()
+    }
+
+    /// The stale spill directories (of processes killed outright) that creating
+    /// this manager removed from its root, with their bytes, and those it could
+    /// not remove. Every clone reports the same.
+    pub fn stale_dirs_removed(&self) -> &StaleDirCleanup {
+        &self.inner.stale
     }
 
     /// The configuration the manager was created with.

@@ -37,8 +37,12 @@ fn batch(start: i64, rows: usize) -> RecordBatch {
     .unwrap()
 }
 
+/// The files in the manager's directory besides its lock file.
 fn dir_entries(m: &SpillManager) -> usize {
-    std::fs::read_dir(m.dir()).unwrap().count()
+    std::fs::read_dir(m.dir())
+        .unwrap()
+        .filter(|e| e.as_ref().unwrap().file_name() != spilljoin_spill::OWNER_FILE_NAME)
+        .count()
 }
 
 /// Writes `per_stream[s]` into writer `s`, one batch of each stream in turn, so

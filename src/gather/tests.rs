@@ -337,11 +337,11 @@ fn every_layout(
     };
     let text = |i: usize| -> Option<String> {
         let v = (i as u64).wrapping_mul(2654435761).wrapping_add(seed);
-        if nulls && v % 5 == 0 {
+        if nulls && v.is_multiple_of(5) {
             return None;
         }
         // Short (inline in a view) and long (40-120 bytes) strings, mixed.
-        let len = if v % 3 == 0 {
+        let len = if v.is_multiple_of(3) {
             (v % 12) as usize
         } else {
             40 + (v % 81) as usize

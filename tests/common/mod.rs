@@ -62,7 +62,7 @@ pub fn key_column(
         .collect();
     // Strings long enough to exceed the 12-byte inline part of views sometimes.
     let text = |v: u64| {
-        if v % 3 == 0 {
+        if v.is_multiple_of(3) {
             format!("key-{v}-with-a-long-tail")
         } else {
             format!("k{v}")

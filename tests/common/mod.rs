@@ -3,8 +3,11 @@
 //! The reference join is a nested loop over rows rendered as strings: no hashing, no
 //! partitioning, no Arrow kernels beyond formatting. It is slow and plainly right.
 //! [`hash_reference_join`] finds the same matching pairs through a `HashMap`, for
-//! inputs too large for the nested loop, and is checked against it.
+//! inputs too large for the nested loop, and is checked against it. [`spill_case`] is
+//! the case of the `join_spill` fuzz target, shared so that tests replay its inputs.
 #![allow(dead_code, clippy::needless_range_loop)]
+
+pub mod spill_case;
 
 use std::collections::{HashMap, HashSet};
 use std::fmt::Write;

@@ -1,6 +1,7 @@
 //! Replays inputs of the `join_spill` fuzz target as it runs them (the case and its
 //! check are `tests/common/spill_case.rs`): its seeds, which must spill and finish
-//! with the reference's answer.
+//! with the reference's answer, and the inputs it crashed on, kept in
+//! `tests/data/join_spill/` once fixed.
 //!
 //! `SPILLJOIN_FUZZ_INPUT=path` replays one file instead (a crash under
 //! `fuzz/artifacts/join_spill/`, say) and prints its case and figures.
@@ -51,4 +52,18 @@ fn the_fuzz_seeds_spill_and_match_the_reference() {
         idle.is_empty(),
         "seeds that do not spill or do not finish: {idle:?}"
     );
+}
+
+/// The inputs `join_spill` crashed on, each named after its bug, replayed once fixed.
+/// (A join with two threads may go either way near its floor: each is run a few
+/// times.)
+#[test]
+fn the_crash_inputs_of_the_fuzz_target_pass() {
+    let crashes = inputs("tests/data/join_spill");
+    assert!(!crashes.is_empty());
+    for path in &crashes {
+        for _ in 0..3 {
+            replay(path);
+        }
+    }
 }

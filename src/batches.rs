@@ -12,6 +12,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
+use arrow_array::cast::AsArray;
 use arrow_array::{Array, ArrayRef, RecordBatch, UInt32Array, UInt64Array};
 use arrow_buffer::ScalarBuffer;
 use arrow_schema::{ArrowError, DataType, Field, Schema, SchemaRef};
@@ -56,25 +57,47 @@ pub(crate) fn select_from(
 /// Bytes of a batch, as the pool counts them: the bytes its rows use, so that a slice
 /// of a large batch counts as its share, not as the whole. A view column's rows use
 /// their views and the bytes of theirs kept outside them (arrow's slice size counts
-/// the views alone).
+/// the views alone); a dictionary column's rows use their keys and at most a value
+/// each ([`dictionary_bytes`]).
 pub(crate) fn batch_bytes(batch: &RecordBatch) -> usize {
-    batch
-        .columns()
-        .iter()
-        .map(|c| {
-            let data = c.to_data();
-            let views = match c.data_type() {
-                DataType::Utf8View | DataType::BinaryView => {
-                    spilljoin_spill::view_data_bytes(&data)
-                }
-                _ => 0,
-            };
-            data.get_slice_memory_size()
-                .unwrap_or_else(|_| c.get_array_memory_size())
-                + views
-        })
-        .sum::<usize>()
-        + batch.num_columns() * 64
+    batch.columns().iter().map(column_bytes).sum::<usize>() + batch.num_columns() * 64
+}
+
+/// [`batch_bytes`] of one column.
+fn column_bytes(c: &ArrayRef) -> usize {
+    let data = c.to_data();
+    let slice = |data: &arrow_data::ArrayData| {
+        data.get_slice_memory_size()
+            .unwrap_or_else(|_| c.get_array_memory_size())
+    };
+    match c.data_type() {
+        DataType::Utf8View | DataType::BinaryView => {
+            slice(&data) + spilljoin_spill::view_data_bytes(&data)
+        }
+        DataType::Dictionary(..) => dictionary_bytes(c.as_any_dictionary()),
+        _ => slice(&data),
+    }
+}
+
+/// The bytes of a dictionary column's rows: their keys, and their share of the
+/// values by rows, the whole values at most (arrow's slice size counts the values
+/// whole). A slice of a batch shares its dictionary with the batch's other slices:
+/// counted whole in each piece being probed and in each output batch, a large
+/// dictionary made a join of small pieces fail above its floor (found by the
+/// `join_spill` fuzz target; its input is replayed by `tests/fuzz_replay.rs`).
+fn dictionary_bytes(dictionary: &dyn arrow_array::AnyDictionaryArray) -> usize {
+    let keys = dictionary.keys().to_data();
+    let keys_bytes = keys
+        .get_slice_memory_size()
+        .unwrap_or_else(|_| dictionary.keys().get_array_memory_size());
+    let values = dictionary.values();
+    let values_bytes = column_bytes(values);
+    let share = if values.len() > keys.len() {
+        values_bytes.saturating_mul(keys.len()) / values.len()
+    } else {
+        values_bytes
+    };
+    keys_bytes + share
 }
 
 /// The schema of spill files of an input: its columns and [`HASH_COLUMN`].
@@ -286,6 +309,27 @@ impl<I: Iterator<Item = Result<RecordBatch, ArrowError>>> InputStreams<I> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A slice of a dictionary column counts its keys and its rows' share of the
+    /// values, not the whole dictionary; a dictionary no longer than its rows counts
+    /// whole.
+    #[test]
+    fn a_slice_of_a_dictionary_column_counts_its_share_of_the_values() {
+        use arrow_array::types::Int32Type;
+        use arrow_array::DictionaryArray;
+        let slice_bytes = |a: &dyn Array| a.to_data().get_slice_memory_size().unwrap();
+        let values: Vec<String> = (0..100_000).map(|i| format!("value-{i:08}")).collect();
+        let big: DictionaryArray<Int32Type> = values.iter().map(String::as_str).collect();
+        let big_values = slice_bytes(big.values().as_ref());
+        assert!(big_values > 100_000 * 14);
+        let batch = RecordBatch::try_from_iter([("k", Arc::new(big) as ArrayRef)]).unwrap();
+        let ten = batch.slice(500, 10);
+        assert_eq!(batch_bytes(&ten), 10 * 4 + big_values * 10 / 100_000 + 64);
+        let small: DictionaryArray<Int32Type> = (0..1000).map(|i| ["a", "b"][i % 2]).collect();
+        let small_values = slice_bytes(small.values().as_ref());
+        let batch = RecordBatch::try_from_iter([("k", Arc::new(small) as ArrayRef)]).unwrap();
+        assert_eq!(batch_bytes(&batch.slice(0, 10)), 10 * 4 + small_values + 64);
+    }
 
     #[test]
     fn selection_keeps_exactly_the_rows_a_filter_would() {

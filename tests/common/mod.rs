@@ -2,8 +2,15 @@
 //!
 //! The reference join is a nested loop over rows rendered as strings: no hashing, no
 //! partitioning, no Arrow kernels beyond formatting. It is slow and plainly right.
+//! [`hash_reference_join`] finds the same matching pairs through a `HashMap`, for
+//! inputs too large for the nested loop, and is checked against it. [`spill_case`] is
+//! the case of the `join_spill` fuzz target, shared so that tests replay its inputs.
 #![allow(dead_code, clippy::needless_range_loop)]
 
+pub mod spill_case;
+
+use std::collections::{HashMap, HashSet};
+use std::fmt::Write;
 use std::sync::Arc;
 
 use arrow_array::builder::*;
@@ -60,6 +67,14 @@ pub fn key_column(
     let vals: Vec<Option<u64>> = (0..n)
         .map(|_| (!rng.random_bool(null_rate)).then(|| rng.random_range(0..domain.max(1))))
         .collect();
+    key_column_of(data_type, &vals)
+}
+
+/// A key column of `data_type` with one value per number of `vals` (`None`: null):
+/// equal numbers give equal keys. Numbers below 2 million give distinct keys in every
+/// type but `Int8`, `UInt16`, `Boolean` and `FixedSizeBinary` (which wrap) and
+/// `Float64` (where 1 and 2 are both NaN).
+pub fn key_column_of(data_type: &DataType, vals: &[Option<u64>]) -> ArrayRef {
     // Strings long enough to exceed the 12-byte inline part of views sometimes.
     let text = |v: u64| {
         if v.is_multiple_of(3) {
@@ -161,7 +176,7 @@ pub fn key_column(
         ),
         DataType::Dictionary(_, _) => {
             let mut b = StringDictionaryBuilder::<Int32Type>::new();
-            for v in &vals {
+            for v in vals {
                 match v {
                     Some(v) => {
                         b.append_value(text(*v));
@@ -272,6 +287,33 @@ pub fn render(batch: &RecordBatch) -> Vec<Vec<Option<String>>> {
         .collect()
 }
 
+/// Every row of a batch as its rendered values joined by `|`, `∅` for null: what
+/// [`render`] gives, one string a row.
+pub fn render_rows(batch: &RecordBatch) -> Vec<String> {
+    let options = FormatOptions::default();
+    let formatters: Vec<_> = batch
+        .columns()
+        .iter()
+        .map(|c| ArrayFormatter::try_new(c.as_ref(), &options).unwrap())
+        .collect();
+    (0..batch.num_rows())
+        .map(|r| {
+            let mut row = String::new();
+            for (i, (c, f)) in batch.columns().iter().zip(&formatters).enumerate() {
+                if i > 0 {
+                    row.push('|');
+                }
+                if c.is_valid(r) {
+                    write!(row, "{}", f.value(r)).unwrap();
+                } else {
+                    row.push('∅');
+                }
+            }
+            row
+        })
+        .collect()
+}
+
 /// A key value as the reference compares it: floats canonical (`-0 = 0`, NaN = NaN).
 fn canonical_key(
     data_type: &DataType,
@@ -303,6 +345,169 @@ fn canonical_key(
     })
 }
 
+/// The canonical key values of each row of an input.
+type RowKeys = Vec<Vec<Option<String>>>;
+
+/// Both inputs as the reference joins compare them: every row rendered
+/// ([`render_rows`]), the keys canonical, and the filter's `v` column.
+struct Rendered {
+    left: Vec<String>,
+    right: Vec<String>,
+    left_keys: RowKeys,
+    right_keys: RowKeys,
+    left_v: Vec<Option<i64>>,
+    right_v: Vec<Option<i64>>,
+    /// A row of the left or right columns all null, rendered.
+    left_nulls: String,
+    right_nulls: String,
+}
+
+/// The canonical keys of every row of `batch`: `columns` rendered.
+fn rendered_keys(batch: &RecordBatch, columns: &[usize]) -> RowKeys {
+    let rows = render(&batch.project(columns).unwrap());
+    (0..batch.num_rows())
+        .map(|r| {
+            columns
+                .iter()
+                .enumerate()
+                .map(|(i, &c)| {
+                    let data_type = batch.schema().field(c).data_type().clone();
+                    canonical_key(&data_type, &rows[r][i], batch.column(c), r)
+                })
+                .collect()
+        })
+        .collect()
+}
+
+/// The `v` column (the one the test filter reads) of every row of `batch`; nothing if
+/// it has none (then the filter cannot be used).
+fn v_column(batch: &RecordBatch) -> Vec<Option<i64>> {
+    let Some(c) = batch
+        .schema()
+        .fields()
+        .iter()
+        .position(|f| f.name().ends_with('v') && f.name().len() == 2)
+    else {
+        return Vec::new();
+    };
+    let a = batch
+        .column(c)
+        .as_any()
+        .downcast_ref::<Int64Array>()
+        .unwrap();
+    (0..a.len())
+        .map(|r| a.is_valid(r).then(|| a.value(r)))
+        .collect()
+}
+
+impl Rendered {
+    fn new(left: &RecordBatch, right: &RecordBatch, keys: &[(usize, usize)]) -> Self {
+        let lcols: Vec<usize> = keys.iter().map(|k| k.0).collect();
+        let rcols: Vec<usize> = keys.iter().map(|k| k.1).collect();
+        let nulls = |n: usize| vec!["∅"; n].join("|");
+        Self {
+            left: render_rows(left),
+            right: render_rows(right),
+            left_keys: rendered_keys(left, &lcols),
+            right_keys: rendered_keys(right, &rcols),
+            left_v: v_column(left),
+            right_v: v_column(right),
+            left_nulls: nulls(left.num_columns()),
+            right_nulls: nulls(right.num_columns()),
+        }
+    }
+
+    /// Whether left row `l` and right row `r` have equal keys.
+    fn keys_equal(&self, l: usize, r: usize, null_equality: NullEquality) -> bool {
+        let (a, b) = (&self.left_keys[l], &self.right_keys[r]);
+        a.iter().zip(b).all(|(x, y)| match (x, y) {
+            (Some(x), Some(y)) => x == y,
+            (None, None) => null_equality == NullEquality::NullEqualsNull,
+            _ => false,
+        })
+    }
+
+    /// The test filter, `left.v < right.v` (null is false).
+    fn filter_passes(&self, l: usize, r: usize) -> bool {
+        matches!((self.left_v[l], self.right_v[r]), (Some(a), Some(b)) if a < b)
+    }
+
+    /// The outer and the subquery keys of a `NOT IN` join.
+    fn not_in_sides(&self, join_type: JoinType) -> (&RowKeys, &RowKeys) {
+        if join_type == JoinType::LeftNotIn {
+            (&self.left_keys, &self.right_keys)
+        } else {
+            (&self.right_keys, &self.left_keys)
+        }
+    }
+
+    /// The output of `join_type`, sorted, from every (left, right) pair that matches
+    /// and, for `NOT IN`, whether each outer row is kept.
+    fn output(
+        &self,
+        join_type: JoinType,
+        pairs: &[(usize, usize)],
+        not_in_kept: &[bool],
+    ) -> Vec<String> {
+        let (lr, rr) = (&self.left, &self.right);
+        let mut l_matched = vec![false; lr.len()];
+        let mut r_matched = vec![false; rr.len()];
+        for &(l, r) in pairs {
+            l_matched[l] = true;
+            r_matched[r] = true;
+        }
+        // A row of both sides is the left row's values then the right row's.
+        let cat = |a: &str, b: &str| format!("{a}|{b}");
+        let mut out = Vec::new();
+        match join_type {
+            JoinType::Inner | JoinType::Left | JoinType::Right | JoinType::Full => {
+                out.extend(pairs.iter().map(|&(l, r)| cat(&lr[l], &rr[r])));
+                if matches!(join_type, JoinType::Left | JoinType::Full) {
+                    for l in (0..lr.len()).filter(|&l| !l_matched[l]) {
+                        out.push(cat(&lr[l], &self.right_nulls));
+                    }
+                }
+                if matches!(join_type, JoinType::Right | JoinType::Full) {
+                    for r in (0..rr.len()).filter(|&r| !r_matched[r]) {
+                        out.push(cat(&self.left_nulls, &rr[r]));
+                    }
+                }
+            }
+            JoinType::LeftSemi | JoinType::LeftAnti => {
+                let semi = join_type == JoinType::LeftSemi;
+                out.extend(
+                    (0..lr.len())
+                        .filter(|&l| l_matched[l] == semi)
+                        .map(|l| lr[l].clone()),
+                )
+            }
+            JoinType::RightSemi | JoinType::RightAnti => {
+                let semi = join_type == JoinType::RightSemi;
+                out.extend(
+                    (0..rr.len())
+                        .filter(|&r| r_matched[r] == semi)
+                        .map(|r| rr[r].clone()),
+                )
+            }
+            JoinType::LeftMark => {
+                out.extend((0..lr.len()).map(|l| cat(&lr[l], &l_matched[l].to_string())))
+            }
+            JoinType::LeftNotIn | JoinType::RightNotIn => {
+                let outer_rows = if join_type == JoinType::LeftNotIn {
+                    lr
+                } else {
+                    rr
+                };
+                for (o, _) in not_in_kept.iter().enumerate().filter(|(_, &kept)| kept) {
+                    out.push(outer_rows[o].clone());
+                }
+            }
+        }
+        out.sort_unstable();
+        out
+    }
+}
+
 /// The reference join: nested loops, rows as strings, output as sorted rendered rows.
 pub fn reference_join(
     left: &RecordBatch,
@@ -312,147 +517,91 @@ pub fn reference_join(
     filter: bool,
     null_equality: NullEquality,
 ) -> Vec<String> {
-    let (lr, rr) = (render(left), render(right));
-    let key = |batch: &RecordBatch,
-               rows: &[Vec<Option<String>>],
-               r: usize,
-               which: &dyn Fn(&(usize, usize)) -> usize|
-     -> Vec<Option<String>> {
-        keys.iter()
-            .map(|k| {
-                let c = which(k);
-                canonical_key(
-                    batch.schema().field(c).data_type(),
-                    &rows[r][c],
-                    batch.column(c),
-                    r,
-                )
-            })
-            .collect()
-    };
-    let lkeys: Vec<_> = (0..left.num_rows())
-        .map(|r| key(left, &lr, r, &|k| k.0))
-        .collect();
-    let rkeys: Vec<_> = (0..right.num_rows())
-        .map(|r| key(right, &rr, r, &|k| k.1))
-        .collect();
-    let v = |batch: &RecordBatch, r: usize| -> Option<i64> {
-        let c = batch
-            .schema()
-            .fields()
-            .iter()
-            .position(|f| f.name().ends_with('v') && f.name().len() == 2)
-            .unwrap();
-        let a = batch
-            .column(c)
-            .as_any()
-            .downcast_ref::<Int64Array>()
-            .unwrap();
-        a.is_valid(r).then(|| a.value(r))
-    };
-    let keys_equal = |a: &[Option<String>], b: &[Option<String>]| {
-        a.iter().zip(b).all(|(x, y)| match (x, y) {
-            (Some(x), Some(y)) => x == y,
-            (None, None) => null_equality == NullEquality::NullEqualsNull,
-            _ => false,
-        })
-    };
+    let rendered = Rendered::new(left, right, keys);
     let matches = |l: usize, r: usize| {
-        keys_equal(&lkeys[l], &rkeys[r])
-            && (!filter || matches!((v(left, l), v(right, r)), (Some(a), Some(b)) if a < b))
+        rendered.keys_equal(l, r, null_equality) && (!filter || rendered.filter_passes(l, r))
     };
-    let nulls = |n: usize| vec![None; n];
-    let row = |cells: Vec<Option<String>>| {
-        cells
-            .into_iter()
-            .map(|c| c.unwrap_or_else(|| "∅".into()))
-            .collect::<Vec<_>>()
-            .join("|")
-    };
-    let cat = |a: &[Option<String>], b: &[Option<String>]| [a, b].concat();
-    let (ln, rn) = (left.num_columns(), right.num_columns());
-    let mut out = Vec::new();
-    let l_matched = |l: usize| (0..right.num_rows()).any(|r| matches(l, r));
-    let r_matched = |r: usize| (0..left.num_rows()).any(|l| matches(l, r));
-    match join_type {
-        JoinType::Inner | JoinType::Left | JoinType::Right | JoinType::Full => {
-            for l in 0..left.num_rows() {
-                for r in 0..right.num_rows() {
-                    if matches(l, r) {
-                        out.push(row(cat(&lr[l], &rr[r])));
-                    }
-                }
-            }
-            if matches!(join_type, JoinType::Left | JoinType::Full) {
-                for l in (0..left.num_rows()).filter(|&l| !l_matched(l)) {
-                    out.push(row(cat(&lr[l], &nulls(rn))));
-                }
-            }
-            if matches!(join_type, JoinType::Right | JoinType::Full) {
-                for r in (0..right.num_rows()).filter(|&r| !r_matched(r)) {
-                    out.push(row(cat(&nulls(ln), &rr[r])));
-                }
-            }
-        }
-        JoinType::LeftSemi => out.extend(
-            (0..left.num_rows())
-                .filter(|&l| l_matched(l))
-                .map(|l| row(lr[l].clone())),
-        ),
-        JoinType::LeftAnti => out.extend(
-            (0..left.num_rows())
-                .filter(|&l| !l_matched(l))
-                .map(|l| row(lr[l].clone())),
-        ),
-        JoinType::RightSemi => out.extend(
-            (0..right.num_rows())
-                .filter(|&r| r_matched(r))
-                .map(|r| row(rr[r].clone())),
-        ),
-        JoinType::RightAnti => out.extend(
-            (0..right.num_rows())
-                .filter(|&r| !r_matched(r))
-                .map(|r| row(rr[r].clone())),
-        ),
-        JoinType::LeftMark => out.extend(
-            (0..left.num_rows()).map(|l| row(cat(&lr[l], &[Some(l_matched(l).to_string())]))),
-        ),
-        JoinType::LeftNotIn | JoinType::RightNotIn => {
-            // x NOT IN (subquery): true iff for every y in the subquery, x <> y is TRUE.
-            let (outer, outer_rows, outer_keys, sub_keys) = if join_type == JoinType::LeftNotIn {
-                (left, &lr, &lkeys, &rkeys)
-            } else {
-                (right, &rr, &rkeys, &lkeys)
-            };
-            for o in 0..outer.num_rows() {
-                let keep = sub_keys.iter().all(|s| match (&outer_keys[o][0], &s[0]) {
-                    (Some(x), Some(y)) => x != y,
-                    _ => false, // NULL <> anything is unknown
-                });
-                if keep {
-                    out.push(row(outer_rows[o].clone()));
-                }
+    let mut pairs = Vec::new();
+    for l in 0..left.num_rows() {
+        for r in 0..right.num_rows() {
+            if matches(l, r) {
+                pairs.push((l, r));
             }
         }
     }
-    out.sort();
-    out
+    let mut not_in_kept = Vec::new();
+    if join_type.is_null_aware() {
+        // x NOT IN (subquery): true iff for every y in the subquery, x <> y is TRUE.
+        let (outer, sub) = rendered.not_in_sides(join_type);
+        not_in_kept = outer
+            .iter()
+            .map(|x| {
+                sub.iter().all(|y| match (&x[0], &y[0]) {
+                    (Some(x), Some(y)) => x != y,
+                    _ => false, // NULL <> anything is unknown
+                })
+            })
+            .collect();
+    }
+    rendered.output(join_type, &pairs, &not_in_kept)
+}
+
+/// The reference join's answer for inputs too large for nested loops: the same rows
+/// and keys, the same output, but the matching pairs found through a `HashMap` from
+/// key to right rows (and `NOT IN` through a `HashSet`). `tests/join_reference.rs`
+/// checks it against [`reference_join`], which stays the ground truth.
+pub fn hash_reference_join(
+    left: &RecordBatch,
+    right: &RecordBatch,
+    keys: &[(usize, usize)],
+    join_type: JoinType,
+    filter: bool,
+    null_equality: NullEquality,
+) -> Vec<String> {
+    let rendered = Rendered::new(left, right, keys);
+    // A key with a null equals nothing unless nulls equal nulls; then `None == None`,
+    // which is how the map compares them.
+    let matchable = |key: &[Option<String>]| {
+        null_equality == NullEquality::NullEqualsNull || key.iter().all(Option::is_some)
+    };
+    let mut index: HashMap<&[Option<String>], Vec<usize>> = HashMap::new();
+    for (r, key) in rendered.right_keys.iter().enumerate() {
+        if matchable(key) {
+            index.entry(key.as_slice()).or_default().push(r);
+        }
+    }
+    let mut pairs = Vec::new();
+    for (l, key) in rendered.left_keys.iter().enumerate() {
+        if !matchable(key) {
+            continue;
+        }
+        for &r in index.get(key.as_slice()).into_iter().flatten() {
+            if !filter || rendered.filter_passes(l, r) {
+                pairs.push((l, r));
+            }
+        }
+    }
+    let mut not_in_kept = Vec::new();
+    if join_type.is_null_aware() {
+        // Kept iff the subquery is empty, or it holds no null and not x, a non-null key.
+        let (outer, sub) = rendered.not_in_sides(join_type);
+        let sub_has_null = sub.iter().any(|y| y[0].is_none());
+        let sub_set: HashSet<&str> = sub.iter().filter_map(|y| y[0].as_deref()).collect();
+        not_in_kept = outer
+            .iter()
+            .map(|x| {
+                sub.is_empty()
+                    || (!sub_has_null && x[0].as_deref().is_some_and(|x| !sub_set.contains(x)))
+            })
+            .collect();
+    }
+    rendered.output(join_type, &pairs, &not_in_kept)
 }
 
 /// Renders engine output the same way as the reference, sorted.
 pub fn rendered_rows(batches: &[RecordBatch]) -> Vec<String> {
-    let mut out: Vec<String> = batches
-        .iter()
-        .flat_map(render)
-        .map(|cells| {
-            cells
-                .into_iter()
-                .map(|c| c.unwrap_or_else(|| "∅".into()))
-                .collect::<Vec<_>>()
-                .join("|")
-        })
-        .collect();
-    out.sort();
+    let mut out: Vec<String> = batches.iter().flat_map(render_rows).collect();
+    out.sort_unstable();
     out
 }
 

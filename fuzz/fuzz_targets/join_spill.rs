@@ -9,7 +9,7 @@
 //! (4 MiB, or twice its largest batch), an oversized batch, a reservation or a spill
 //! file left behind panics, and libFuzzer records the input.
 //!
-//! Without AddressSanitizer and comparison tracing it runs about 5 times faster (most
+//! Without AddressSanitizer and comparison tracing it runs about 8 times faster (most
 //! of an execution is the reference's string work); run the corpus under the sanitizer
 //! afterwards (`fuzz/README.md`):
 //!

@@ -84,6 +84,7 @@ pub struct HashJoinBuilder {
     force_spill_depth: Option<u32>,
     statistics: (InputStatistics, InputStatistics),
     swap_sides: bool,
+    build_side: Option<Side>,
     hot_key_split: HotKeySplit,
     max_depth: u32,
 }
@@ -142,6 +143,7 @@ impl HashJoinBuilder {
             force_spill_depth: None,
             statistics: Default::default(),
             swap_sides: true,
+            build_side: None,
             hot_key_split: HotKeySplit::Auto,
             max_depth: MAX_DEPTH,
         }
@@ -280,8 +282,26 @@ impl HashJoinBuilder {
         self
     }
 
+    /// Makes `side` the build side whatever the statistics say: for a planner above
+    /// that has already chosen (DataFusion's `JoinSelection` builds on the left). The
+    /// output is the same either way.
+    pub fn with_build_side(mut self, side: Side) -> Self {
+        self.build_side = Some(side);
+        self
+    }
+
     /// The side that builds, and why.
     fn choose_build_side(&self) -> (Side, String) {
+        if let Some(side) = self.build_side {
+            let name = match side {
+                Side::Left => "left",
+                Side::Right => "right",
+            };
+            return (
+                side,
+                format!("the {name} input builds: the caller chose it"),
+            );
+        }
         if !self.swap_sides {
             return (
                 Side::Right,

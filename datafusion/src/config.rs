@@ -1,0 +1,144 @@
+//! Settings of the spilling join, as a DataFusion `ConfigExtension` under the
+//! `spilljoin` prefix: `SET spilljoin.enabled = false` works from SQL, and
+//! `SessionConfig::set_str("spilljoin.max_depth", "2")` from code.
+//!
+//! The rule reads them when it plans (`enabled`); the operator reads the rest from
+//! its `TaskContext` when it executes, so a `SET` between planning and execution of
+//! the same plan still applies to how it spills.
+
+use datafusion::common::config::ConfigExtension;
+use datafusion::common::{extensions_options, DataFusionError, Result};
+use datafusion::prelude::SessionConfig;
+use spilljoin::spill::SpillCompression;
+
+extensions_options! {
+    /// The `spilljoin.*` settings.
+    pub struct SpilljoinConfig {
+        /// Whether `SpilljoinRule` replaces `HashJoinExec` by `SpilljoinExec`.
+        pub enabled: bool, default = true
+        /// How deep spilled pairs may be repartitioned before the chunked fallback
+        /// joins what is left (0 to 8).
+        pub max_depth: u32, default = spilljoin::MAX_DEPTH
+        /// Compression of spill files: `none`, `lz4` or `zstd`.
+        pub spill_compression: String, default = "lz4".to_owned()
+        /// Spill this fraction (0 to 1) of the build partitions whatever the memory
+        /// (tests: the spilling code runs on small inputs). 0 turns it off.
+        pub force_spill: f64, default = 0.0
+        /// Apply `force_spill` also to the levels that join spilled pairs, down to
+        /// this depth.
+        pub force_spill_depth: u32, default = 0
+        /// Worker threads of each join execution. 0: one per partition of a
+        /// `Partitioned` join (DataFusion runs the partitions side by side), and
+        /// `target_partitions` for a `CollectLeft` join, which runs once for all of
+        /// them.
+        pub threads: usize, default = 0
+    }
+}
+
+impl ConfigExtension for SpilljoinConfig {
+    const PREFIX: &'static str = "spilljoin";
+}
+
+impl SpilljoinConfig {
+    /// The settings of `config`: its extension if it has one, else the defaults.
+    pub fn from_session(config: &datafusion::common::config::ConfigOptions) -> Self {
+        config
+            .extensions
+            .get::<SpilljoinConfig>()
+            .cloned()
+            .unwrap_or_default()
+    }
+
+    /// The spill compression, parsed.
+    ///
+    /// # Errors
+    /// A configuration error naming the setting when it is not `none`, `lz4` or `zstd`.
+    pub fn compression(&self) -> Result<SpillCompression> {
+        self.spill_compression.parse().map_err(|e| {
+            DataFusionError::Configuration(format!("spilljoin.spill_compression: {e}"))
+        })
+    }
+
+    /// Checks the settings' ranges.
+    ///
+    /// # Errors
+    /// A configuration error naming the first setting out of range.
+    pub fn validate(&self) -> Result<()> {
+        self.compression()?;
+        if self.max_depth > spilljoin::MAX_DEPTH {
+            return Err(DataFusionError::Configuration(format!(
+                "spilljoin.max_depth is {}, at most {} is allowed",
+                self.max_depth,
+                spilljoin::MAX_DEPTH
+            )));
+        }
+        if !(0.0..=1.0).contains(&self.force_spill) {
+            return Err(DataFusionError::Configuration(format!(
+                "spilljoin.force_spill is {}, expected 0 to 1",
+                self.force_spill
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// Adds the `spilljoin` settings (with their defaults) to `config` unless it has them.
+pub fn with_spilljoin_config(mut config: SessionConfig) -> SessionConfig {
+    if config
+        .options()
+        .extensions
+        .get::<SpilljoinConfig>()
+        .is_none()
+    {
+        config = config.with_option_extension(SpilljoinConfig::default());
+    }
+    config
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn settings_parse_by_name() {
+        let mut config = with_spilljoin_config(SessionConfig::new());
+        config
+            .options_mut()
+            .set("spilljoin.enabled", "false")
+            .unwrap();
+        config
+            .options_mut()
+            .set("spilljoin.max_depth", "2")
+            .unwrap();
+        config
+            .options_mut()
+            .set("spilljoin.spill_compression", "zstd")
+            .unwrap();
+        let settings = SpilljoinConfig::from_session(config.options());
+        assert!(!settings.enabled);
+        assert_eq!(settings.max_depth, 2);
+        assert_eq!(settings.compression().unwrap(), SpillCompression::Zstd);
+        assert!(config
+            .options_mut()
+            .set("spilljoin.no_such_setting", "1")
+            .is_err());
+    }
+
+    #[test]
+    fn out_of_range_settings_are_refused() {
+        let bad = SpilljoinConfig {
+            max_depth: 99,
+            ..Default::default()
+        };
+        assert!(bad
+            .validate()
+            .unwrap_err()
+            .to_string()
+            .contains("max_depth"));
+        let bad = SpilljoinConfig {
+            spill_compression: "gzip".into(),
+            ..Default::default()
+        };
+        assert!(bad.validate().is_err());
+    }
+}

@@ -1,0 +1,353 @@
+//! `SpilljoinExec`: DataFusion's hash join, executed by spilljoin, so it spills
+//! instead of failing with "Resources exhausted".
+//!
+//! It keeps the `HashJoinExec` it replaces as its definition: keys, filter, join
+//! type, projection, partition mode, null handling and fetch are that node's, and so
+//! are its plan properties (output partitioning, equivalences, emission type,
+//! boundedness) and its statistics, which the plan above was built against.
+//!
+//! Executions, by partition mode:
+//! - `Partitioned`: output partition `i` joins left partition `i` with right
+//!   partition `i`, one engine execution each, side by side.
+//! - `CollectLeft`: one engine execution for the whole join, over the one left
+//!   partition and every right partition; the output partitions share its output.
+//!   Unmatched build rows, `NOT IN` facts and the probe's null keys then need no
+//!   coordination between partitions, and a `NOT IN` can build on the subquery side.
+//!   Sharing the output is only right where `HashJoinExec` does not promise that
+//!   output partition `i` holds probe partition `i`'s rows (a hash- or
+//!   range-partitioned probe); [`SpilljoinExec::try_new`] refuses those joins, and
+//!   joins with an output ordering (the engine does not keep the probe's order), and
+//!   the rule leaves them to `HashJoinExec`.
+
+use std::fmt;
+use std::sync::{Arc, Mutex};
+
+use datafusion::common::tree_node::TreeNodeRecursion;
+use datafusion::common::{DataFusionError, Result, Statistics};
+use datafusion::execution::{SendableRecordBatchStream, TaskContext};
+use datafusion::physical_expr::PhysicalExpr;
+use datafusion::physical_plan::execution_plan::{ChildrenPropertiesMode, ReplaceChildrenOptions};
+use datafusion::physical_plan::joins::{HashJoinExec, PartitionMode};
+use datafusion::physical_plan::metrics::{BaselineMetrics, ExecutionPlanMetricsSet, MetricsSet};
+use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
+use datafusion::physical_plan::{
+    displayable, DisplayAs, DisplayFormatType, Distribution, ExecutionPlan,
+    ExecutionPlanProperties, InputDistributionRequirements, Partitioning, PlanProperties,
+};
+use datafusion::physical_plan::{ChildStats, StatisticsArgs};
+use futures::{StreamExt, TryStreamExt};
+
+use crate::execution::{engine_join, Shared};
+use crate::run::{Inputs, Run};
+use crate::translate::Definition;
+
+/// A hash join that spills: see the module docs.
+pub struct SpilljoinExec {
+    hash: Arc<HashJoinExec>,
+    definition: Arc<Definition>,
+    metrics: ExecutionPlanMetricsSet,
+    /// The run all partitions of a `CollectLeft` join share, while partitions are
+    /// still to attach to it.
+    shared: Arc<Mutex<Shared>>,
+}
+
+impl SpilljoinExec {
+    /// The spilling join for `hash`'s definition.
+    ///
+    /// # Errors
+    /// `NotImplemented` when it cannot run it with the same plan properties: a
+    /// partition mode of `Auto`, an output ordering, a `CollectLeft` join whose output
+    /// partitioning follows the probe's hash or range partitioning, a dynamic filter
+    /// already pushed to the probe, or keys the engine cannot hash.
+    pub fn try_new(hash: Arc<HashJoinExec>) -> Result<Self> {
+        check_supported(&hash)?;
+        let definition = Arc::new(Definition::new(&hash)?);
+        Ok(Self {
+            hash,
+            definition,
+            metrics: ExecutionPlanMetricsSet::new(),
+            shared: Arc::new(Mutex::new(Shared::default())),
+        })
+    }
+
+    /// The `HashJoinExec` this join executes.
+    pub fn hash_join(&self) -> &Arc<HashJoinExec> {
+        &self.hash
+    }
+
+    /// A spilling join for a new definition, or that definition itself when it is
+    /// one the engine cannot run with its properties (the output stays correct).
+    fn rewrap(hash: HashJoinExec) -> Arc<dyn ExecutionPlan> {
+        let hash = Arc::new(hash);
+        match Self::try_new(Arc::clone(&hash)) {
+            Ok(exec) => Arc::new(exec),
+            Err(_) => hash,
+        }
+    }
+}
+
+/// Why `hash` cannot be run with its own plan properties, if it cannot.
+fn check_supported(hash: &HashJoinExec) -> Result<()> {
+    let refuse = |why: &str| {
+        Err(DataFusionError::NotImplemented(format!(
+            "SpilljoinExec: {why}"
+        )))
+    };
+    if hash.properties().output_ordering().is_some() {
+        return refuse("the join's output is ordered; the engine does not keep the probe's order");
+    }
+    if !hash.dynamic_expressions_produced().is_empty() {
+        return refuse("a dynamic filter has been pushed to the probe side");
+    }
+    match hash.mode {
+        PartitionMode::Partitioned => Ok(()),
+        PartitionMode::Auto => refuse("partition mode Auto (run after JoinSelection)"),
+        PartitionMode::CollectLeft => match hash.properties().output_partitioning() {
+            Partitioning::Hash(..) | Partitioning::Range(..)
+                if hash.right().output_partitioning().partition_count() > 1 =>
+            {
+                refuse("a CollectLeft join whose output keeps the probe's partitioning")
+            }
+            _ => Ok(()),
+        },
+    }
+}
+
+impl fmt::Debug for SpilljoinExec {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SpilljoinExec")
+            .field("hash", &self.hash)
+            .finish()
+    }
+}
+
+impl DisplayAs for SpilljoinExec {
+    fn fmt_as(&self, t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
+        match t {
+            DisplayFormatType::TreeRender => self.hash.fmt_as(t, f),
+            _ => {
+                let line = displayable(self.hash.as_ref()).one_line().to_string();
+                let line = line.trim_end();
+                let line = line.strip_prefix("HashJoinExec: ").unwrap_or(line);
+                write!(f, "SpilljoinExec: {line}")
+            }
+        }
+    }
+}
+
+impl ExecutionPlan for SpilljoinExec {
+    fn name(&self) -> &'static str {
+        "SpilljoinExec"
+    }
+
+    fn properties(&self) -> &Arc<PlanProperties> {
+        self.hash.properties()
+    }
+
+    fn required_input_distribution(&self) -> Vec<Distribution> {
+        self.hash.input_distribution_requirements().into_per_child()
+    }
+
+    fn input_distribution_requirements(&self) -> InputDistributionRequirements {
+        self.hash.input_distribution_requirements()
+    }
+
+    fn maintains_input_order(&self) -> Vec<bool> {
+        // Spilled partitions are joined after the probe: no input order survives.
+        vec![false, false]
+    }
+
+    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
+        vec![self.hash.left(), self.hash.right()]
+    }
+
+    fn apply_expressions(
+        &self,
+        f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> Result<TreeNodeRecursion>,
+    ) -> Result<TreeNodeRecursion> {
+        self.hash.apply_expressions(f)
+    }
+
+    fn replace_children(
+        self: Arc<Self>,
+        children: Vec<Arc<dyn ExecutionPlan>>,
+        options: ReplaceChildrenOptions,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        let mut builder = self.hash.builder();
+        if matches!(
+            options.children_properties,
+            ChildrenPropertiesMode::Recompute
+        ) {
+            builder = builder.recompute_properties();
+        }
+        Ok(Self::rewrap(builder.with_new_children(children)?.build()?))
+    }
+
+    #[allow(deprecated)]
+    fn with_new_children(
+        self: Arc<Self>,
+        children: Vec<Arc<dyn ExecutionPlan>>,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        self.replace_children(
+            children,
+            ReplaceChildrenOptions::new(ChildrenPropertiesMode::Recompute),
+        )
+    }
+
+    fn reset_state(self: Arc<Self>) -> Result<Arc<dyn ExecutionPlan>> {
+        Ok(Self::rewrap(self.hash.builder().reset_state().build()?))
+    }
+
+    fn execute(
+        &self,
+        partition: usize,
+        context: Arc<TaskContext>,
+    ) -> Result<SendableRecordBatchStream> {
+        let partitions = self.properties().output_partitioning().partition_count();
+        if partition >= partitions {
+            return Err(DataFusionError::Internal(format!(
+                "SpilljoinExec: partition {partition} of {partitions}"
+            )));
+        }
+        let baseline = BaselineMetrics::new(&self.metrics, partition);
+        let fetch = self.hash.fetch();
+        let starting = self.starter(partition, partitions, context);
+        let output = futures::stream::once(async move {
+            let run = starting()?;
+            Ok::<_, DataFusionError>(output_stream(run, baseline, fetch))
+        })
+        .try_flatten();
+        Ok(Box::pin(RecordBatchStreamAdapter::new(
+            self.schema(),
+            output,
+        )))
+    }
+
+    fn metrics(&self) -> Option<MetricsSet> {
+        Some(self.metrics.clone_inner())
+    }
+
+    fn child_stats_requests(&self, partition: Option<usize>) -> Vec<ChildStats> {
+        self.hash.child_stats_requests(partition)
+    }
+
+    fn statistics_from_inputs(
+        &self,
+        input_stats: &[Arc<Statistics>],
+        args: &StatisticsArgs,
+    ) -> Result<Arc<Statistics>> {
+        self.hash.statistics_from_inputs(input_stats, args)
+    }
+
+    fn supports_limit_pushdown(&self) -> bool {
+        false
+    }
+
+    fn fetch(&self) -> Option<usize> {
+        self.hash.fetch()
+    }
+
+    fn with_fetch(&self, limit: Option<usize>) -> Option<Arc<dyn ExecutionPlan>> {
+        let hash = self.hash.builder().with_fetch(limit).build().ok()?;
+        Some(Self::rewrap(hash))
+    }
+}
+
+impl SpilljoinExec {
+    /// What starts (or joins) partition `partition`'s run, on its stream's first poll.
+    fn starter(
+        &self,
+        partition: usize,
+        partitions: usize,
+        context: Arc<TaskContext>,
+    ) -> impl FnOnce() -> Result<Arc<Run>> + Send + 'static {
+        let hash = Arc::clone(&self.hash);
+        let definition = Arc::clone(&self.definition);
+        let shared = Arc::clone(&self.shared);
+        let report = crate::metrics::Report::new(&self.metrics, partition);
+        move || {
+            let start = |inputs: Inputs, threads: usize| {
+                let join = engine_join(&definition, &context, partition, threads)?;
+                Run::start(Arc::clone(&definition), join, inputs, report)
+            };
+            match hash.mode {
+                PartitionMode::CollectLeft => crate::execution::attach(&shared, partitions, || {
+                    let inputs = collect_left_inputs(&hash, &definition, &context)?;
+                    start(inputs, context.session_config().target_partitions())
+                }),
+                _ => {
+                    let left = hash.left().execute(partition, Arc::clone(&context))?;
+                    let right = hash.right().execute(partition, Arc::clone(&context))?;
+                    let inputs = match definition.swapped {
+                        false => Inputs {
+                            left: vec![left],
+                            right: vec![right],
+                        },
+                        true => Inputs {
+                            left: vec![right],
+                            right: vec![left],
+                        },
+                    };
+                    start(inputs, 1)
+                }
+            }
+        }
+    }
+}
+
+/// The inputs of the one run of a `CollectLeft` join: the left partition and every
+/// right partition.
+fn collect_left_inputs(
+    hash: &HashJoinExec,
+    definition: &Definition,
+    context: &Arc<TaskContext>,
+) -> Result<Inputs> {
+    let left = vec![hash.left().execute(0, Arc::clone(context))?];
+    let right = (0..hash.right().output_partitioning().partition_count())
+        .map(|i| hash.right().execute(i, Arc::clone(context)))
+        .collect::<Result<Vec<_>>>()?;
+    Ok(match definition.swapped {
+        false => Inputs { left, right },
+        true => Inputs {
+            left: right,
+            right: left,
+        },
+    })
+}
+
+/// One output partition's stream of a run: its batches, at most `fetch` rows.
+fn output_stream(
+    run: Arc<Run>,
+    baseline: BaselineMetrics,
+    fetch: Option<usize>,
+) -> futures::stream::BoxStream<'static, Result<arrow_array::RecordBatch>> {
+    let remaining = fetch.unwrap_or(usize::MAX);
+    futures::stream::unfold(
+        (Some(run), baseline, remaining),
+        |(run, baseline, remaining)| async move {
+            let current = run?;
+            let item = match remaining {
+                0 => None,
+                _ => current.next().await,
+            };
+            let Some(item) = item else {
+                baseline.done();
+                // Dropping the run here (the last stream's) stops the join and
+                // removes its files before the stream reports its end.
+                drop(current);
+                return None;
+            };
+            let item = item.map(|batch| {
+                let batch = match batch.num_rows() > remaining {
+                    true => batch.slice(0, remaining),
+                    false => batch,
+                };
+                baseline.record_output(batch.num_rows());
+                batch
+            });
+            let left = remaining - item.as_ref().map_or(0, |b| b.num_rows());
+            Some((item, (Some(current), baseline, left)))
+        },
+    )
+    .boxed()
+}

@@ -1,0 +1,129 @@
+//! What one execution takes from its `TaskContext`: the memory pool (through
+//! [`DataFusionPool`](crate::DataFusionPool)), the spill directory and temp-space
+//! limit of the runtime's `DiskManager`, the batch size, and the `spilljoin.*`
+//! settings; and the run that all partitions of a `CollectLeft` join share.
+
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+
+use datafusion::common::{DataFusionError, Result};
+use datafusion::execution::TaskContext;
+use spilljoin::spill::{SpillConfig, SpillManager};
+use spilljoin::HashJoin;
+
+use crate::config::SpilljoinConfig;
+use crate::error::to_datafusion;
+use crate::run::Run;
+use crate::translate::Definition;
+use crate::DataFusionPool;
+
+/// The engine's join for one execution of `definition` in `context`.
+///
+/// # Errors
+/// A `spilljoin.*` setting out of range; the spill directory cannot be created.
+pub(crate) fn engine_join(
+    definition: &Definition,
+    context: &TaskContext,
+    partition: usize,
+    default_threads: usize,
+) -> Result<HashJoin> {
+    let settings = SpilljoinConfig::from_session(context.session_config().options());
+    settings.validate()?;
+    let pool = Arc::new(DataFusionPool::new(
+        format!("SpilljoinExec[{partition}]"),
+        &context.memory_pool(),
+    ));
+    let spill = spill_manager(context, &settings)?;
+    let threads = match settings.threads {
+        0 => default_threads.max(1),
+        n => n,
+    };
+    let mut builder = definition
+        .builder
+        .clone()
+        .with_memory_pool(pool)
+        .with_spill_manager(spill)
+        .with_threads(threads)
+        .with_batch_size(
+            context
+                .session_config()
+                .batch_size()
+                .clamp(1, spilljoin::MAX_BATCH_SIZE_ROWS),
+        )
+        .with_max_depth(settings.max_depth);
+    if settings.force_spill > 0.0 {
+        builder = builder
+            .with_force_spill(settings.force_spill)
+            .with_force_spill_depth(settings.force_spill_depth);
+    }
+    builder.build().map_err(to_datafusion)
+}
+
+/// A spill manager under the runtime's temp directory, limited to the temp space
+/// the `DiskManager` has left.
+fn spill_manager(context: &TaskContext, settings: &SpilljoinConfig) -> Result<SpillManager> {
+    let disk = &context.runtime_env().disk_manager;
+    let (root, quota) = if disk.tmp_files_enabled() {
+        let left = disk
+            .max_temp_directory_size()
+            .saturating_sub(disk.used_disk_space());
+        (temp_dir(disk)?, Some(left))
+    } else {
+        // DataFusion may not write temp files: neither may the join.
+        (std::env::temp_dir(), Some(0))
+    };
+    let config = SpillConfig::default()
+        .with_root_dir(root)
+        .with_compression(settings.compression()?)
+        .with_disk_quota_bytes(quota);
+    SpillManager::new(config).map_err(|e| DataFusionError::External(Box::new(e)))
+}
+
+/// The runtime's first temp directory. The `DiskManager` creates its directories
+/// with its first file, so one is made (and removed at once) if there is none yet.
+fn temp_dir(disk: &Arc<datafusion::execution::disk_manager::DiskManager>) -> Result<PathBuf> {
+    if let Some(dir) = disk.temp_dir_paths().into_iter().next() {
+        return Ok(dir);
+    }
+    let probe = disk.create_tmp_file("spilljoin: find the temp directory")?;
+    let dir = probe.path().and_then(|p| p.parent()).map(PathBuf::from);
+    drop(probe);
+    // A temp file factory that is not a directory (memory, object store) has no path:
+    // the join then spills under the system's temp directory.
+    Ok(dir.unwrap_or_else(std::env::temp_dir))
+}
+
+/// The run of a `CollectLeft` join, shared by its output partitions: the first
+/// partition to start it holds it here until every partition has attached, so a
+/// partition that starts after another has finished still reads the same run.
+#[derive(Default)]
+pub(crate) struct Shared {
+    run: Option<Arc<Run>>,
+    attached: usize,
+}
+
+/// Partition's share of the run, started by `start` if this is the first.
+pub(crate) fn attach(
+    shared: &Mutex<Shared>,
+    partitions: usize,
+    start: impl FnOnce() -> Result<Arc<Run>>,
+) -> Result<Arc<Run>> {
+    let mut slot = shared
+        .lock()
+        .map_err(|_| DataFusionError::Internal("SpilljoinExec: a poisoned lock".into()))?;
+    let run = match &slot.run {
+        Some(run) => Arc::clone(run),
+        None => {
+            let run = start()?;
+            slot.run = Some(Arc::clone(&run));
+            slot.attached = 0;
+            run
+        }
+    };
+    slot.attached += 1;
+    if slot.attached >= partitions {
+        // Every partition holds it: the last one to finish ends the run.
+        slot.run = None;
+    }
+    Ok(run)
+}

@@ -1,0 +1,105 @@
+//! `SpilljoinRule`: the physical optimizer rule that puts [`SpilljoinExec`] where
+//! DataFusion planned a `HashJoinExec`, and [`with_spilljoin`], which installs it.
+//!
+//! Where it runs: after `JoinSelection` (which chose the build side and the partition
+//! mode) and every rule that rewrites joins or their projections and limits, and
+//! *before* the post-optimization `FilterPushdown`, which is where `HashJoinExec`
+//! creates the dynamic filter it pushes to its probe scan. The spilling join does
+//! not make dynamic filters: a probe row the build cannot match is dropped by the
+//! engine's bloom filters instead, also for spilled partitions. Joins the engine
+//! cannot run with the same plan properties (see [`SpilljoinExec::try_new`]) stay
+//! `HashJoinExec`s.
+
+use std::sync::Arc;
+
+use datafusion::common::config::ConfigOptions;
+use datafusion::common::tree_node::{Transformed, TransformedResult, TreeNode};
+use datafusion::common::Result;
+use datafusion::execution::session_state::SessionStateBuilder;
+use datafusion::physical_optimizer::optimizer::PhysicalOptimizer;
+use datafusion::physical_optimizer::PhysicalOptimizerRule;
+use datafusion::physical_plan::joins::HashJoinExec;
+use datafusion::physical_plan::ExecutionPlan;
+
+use crate::config::SpilljoinConfig;
+use crate::SpilljoinExec;
+
+/// Replaces every `HashJoinExec` it can by a [`SpilljoinExec`] (see the module
+/// docs); off with `SET spilljoin.enabled = false`.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct SpilljoinRule;
+
+impl SpilljoinRule {
+    /// The rule.
+    pub fn new() -> Self {
+        Self
+    }
+}
+
+impl PhysicalOptimizerRule for SpilljoinRule {
+    fn optimize(
+        &self,
+        plan: Arc<dyn ExecutionPlan>,
+        config: &ConfigOptions,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        if !SpilljoinConfig::from_session(config).enabled {
+            return Ok(plan);
+        }
+        plan.transform_up(|node| {
+            let Some(hash) = node.downcast_ref::<HashJoinExec>() else {
+                return Ok(Transformed::no(node));
+            };
+            // The builder keeps every field of the node, its properties included.
+            let hash = Arc::new(hash.builder().build()?);
+            Ok(match SpilljoinExec::try_new(hash) {
+                Ok(exec) => Transformed::yes(Arc::new(exec) as Arc<dyn ExecutionPlan>),
+                Err(_) => Transformed::no(node),
+            })
+        })
+        .data()
+    }
+
+    fn name(&self) -> &str {
+        "SpilljoinRule"
+    }
+
+    fn schema_check(&self) -> bool {
+        true
+    }
+}
+
+/// DataFusion's default physical optimizer rules with [`SpilljoinRule`] in its place
+/// (before the post-optimization filter pushdown).
+pub fn physical_optimizer_rules() -> Vec<Arc<dyn PhysicalOptimizerRule + Send + Sync>> {
+    let mut rules = PhysicalOptimizer::new().rules;
+    let at = rules
+        .iter()
+        .rposition(|rule| rule.name().starts_with("FilterPushdown"))
+        .or_else(|| {
+            rules
+                .iter()
+                .position(|rule| rule.name() == "SanityCheckPlan")
+        })
+        .unwrap_or(rules.len());
+    rules.insert(at, Arc::new(SpilljoinRule));
+    rules
+}
+
+/// Installs the spilling join on a session: [`SpilljoinRule`] among the default
+/// physical optimizer rules, and the `spilljoin.*` settings on its configuration
+/// (keeping any already there).
+///
+/// ```
+/// use datafusion::execution::session_state::SessionStateBuilder;
+/// use datafusion::prelude::SessionContext;
+///
+/// let state = spilljoin_datafusion::with_spilljoin(SessionStateBuilder::new().with_default_features()).build();
+/// let ctx = SessionContext::new_with_state(state);
+/// # let _ = ctx;
+/// ```
+pub fn with_spilljoin(mut builder: SessionStateBuilder) -> SessionStateBuilder {
+    let config = builder.config().take().unwrap_or_default();
+    builder
+        .with_config(crate::config::with_spilljoin_config(config))
+        .with_physical_optimizer_rules(physical_optimizer_rules())
+}

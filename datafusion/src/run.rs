@@ -1,0 +1,238 @@
+//! One execution of the engine inside DataFusion: async input streams in, blocking
+//! engine threads in the middle, async output streams out.
+//!
+//! ```text
+//!  DataFusion input stream ─► task on DataFusion's runtime ─► channel (1 batch)
+//!        ─► BlockingInput (an engine worker thread waits here) ─► engine
+//!  engine ─► JoinStream ─► pump thread ─► channel (2 batches) ─► output stream(s)
+//! ```
+//!
+//! The engine's threads never run on DataFusion's runtime, so a join that waits for
+//! memory or disk cannot stall the runtime's workers, and the runtime keeps driving
+//! the inputs (scans, repartitions) the engine reads.
+//!
+//! Stopping: dropping a [`Run`] (its last output stream went away: a `LIMIT` above,
+//! an error elsewhere, a cancelled query) cancels the engine, wakes every engine
+//! thread waiting for input, and waits for the pump thread, which drops the engine's
+//! stream last. When the drop returns the join's reservation is freed and its spill
+//! files are gone.
+
+use std::sync::Arc;
+use std::thread::JoinHandle;
+
+use arrow_array::RecordBatch;
+use arrow_schema::ArrowError;
+use datafusion::common::runtime::SpawnedTask;
+use datafusion::common::Result;
+use datafusion::execution::SendableRecordBatchStream;
+use futures::future::{select, Either};
+use futures::StreamExt;
+use spilljoin::{CancelHandle, HashJoin, JoinMetrics};
+use tokio::sync::{mpsc, watch, Mutex};
+
+use crate::error::to_datafusion;
+use crate::metrics::Report;
+use crate::translate::{to_arrow, Definition, InputMap};
+
+/// Output batches in flight between the pump thread and the output streams.
+const OUTPUT_CHANNEL_BATCHES: usize = 2;
+
+/// A running join. Shared by the output streams that take its batches.
+pub(crate) struct Run {
+    output: Mutex<Option<mpsc::Receiver<Result<RecordBatch>>>>,
+    cancel: CancelHandle,
+    stop: watch::Sender<bool>,
+    inputs: std::sync::Mutex<Vec<SpawnedTask<()>>>,
+    pump: std::sync::Mutex<Option<JoinHandle<()>>>,
+}
+
+/// The input streams of one execution, in the engine's terms (left and right).
+pub(crate) struct Inputs {
+    /// The engine's left input, one stream per DataFusion partition read.
+    pub left: Vec<SendableRecordBatchStream>,
+    /// The engine's right input.
+    pub right: Vec<SendableRecordBatchStream>,
+}
+
+impl Run {
+    /// Starts `join` over `inputs`. Call it from DataFusion's runtime (a stream's
+    /// poll): the inputs are driven by tasks spawned on it.
+    ///
+    /// # Errors
+    /// The engine's thread could not start.
+    pub(crate) fn start(
+        definition: Arc<Definition>,
+        join: HashJoin,
+        inputs: Inputs,
+        report: Report,
+    ) -> Result<Arc<Run>> {
+        let (stop, stopped) = watch::channel(false);
+        let mut tasks = Vec::new();
+        let mut side = |streams: Vec<SendableRecordBatchStream>, left: bool| {
+            streams
+                .into_iter()
+                .map(|stream| {
+                    let (task, input) = forward(stream, stopped.clone());
+                    tasks.push(task);
+                    input.mapped(Arc::clone(&definition), left)
+                })
+                .collect::<Vec<_>>()
+        };
+        let left = side(inputs.left, true);
+        let right = side(inputs.right, false);
+        let stream = join
+            .execute_partitioned(left, right)
+            .map_err(to_datafusion)?;
+        let cancel = stream.cancel_handle();
+        let (sender, receiver) = mpsc::channel(OUTPUT_CHANNEL_BATCHES);
+        let pump = std::thread::Builder::new()
+            .name("spilljoin-output".into())
+            .spawn(move || pump(stream, join, definition, sender, report))
+            .map_err(|e| datafusion::common::DataFusionError::External(Box::new(e)))?;
+        Ok(Arc::new(Run {
+            output: Mutex::new(Some(receiver)),
+            cancel,
+            stop,
+            inputs: std::sync::Mutex::new(tasks),
+            pump: std::sync::Mutex::new(Some(pump)),
+        }))
+    }
+
+    /// The next output batch; `None` when the join has ended (or is ending).
+    pub(crate) async fn next(&self) -> Option<Result<RecordBatch>> {
+        let mut output = self.output.lock().await;
+        output.as_mut()?.recv().await
+    }
+}
+
+impl Drop for Run {
+    fn drop(&mut self) {
+        self.cancel.cancel();
+        let _ = self.stop.send(true);
+        // With the receiver gone, a pump waiting to send gives up at once.
+        self.output.get_mut().take();
+        if let Ok(mut inputs) = self.inputs.lock() {
+            inputs.clear(); // aborts the input tasks
+        }
+        let pump = self.pump.lock().ok().and_then(|mut p| p.take());
+        if let Some(pump) = pump {
+            // Nothing can be reported from a drop; the pump has dropped the engine's
+            // stream (its memory and files) whether it ended normally or not.
+            let _ = pump.join();
+        }
+    }
+}
+
+/// The pump thread: the engine's output into the channel, then the final figures;
+/// the engine's stream is dropped (threads joined, files removed) before the
+/// channel closes, so a consumer that saw the end sees the cleanup done.
+fn pump(
+    mut stream: spilljoin::JoinStream,
+    join: HashJoin,
+    definition: Arc<Definition>,
+    sender: mpsc::Sender<Result<RecordBatch>>,
+    report: Report,
+) {
+    let started = std::time::Instant::now();
+    while let Some(item) = stream.next() {
+        let item = item
+            .map_err(to_datafusion)
+            .and_then(|batch| definition.output_batch(batch));
+        let failed = item.is_err();
+        if sender.blocking_send(item).is_err() || failed {
+            break;
+        }
+    }
+    let metrics: JoinMetrics = stream.metrics();
+    drop(stream);
+    drop(join);
+    report.record(&metrics, started.elapsed());
+    drop(sender);
+}
+
+/// A DataFusion stream driven by a task on the runtime, read by an engine thread.
+struct BlockingInput {
+    batches: mpsc::Receiver<Result<RecordBatch>>,
+    stopped: watch::Receiver<bool>,
+    done: bool,
+}
+
+/// Spawns the task that forwards `stream`'s batches, and returns its reading end.
+fn forward(
+    mut stream: SendableRecordBatchStream,
+    stopped: watch::Receiver<bool>,
+) -> (SpawnedTask<()>, BlockingInput) {
+    // One batch ahead: the engine reserves what it keeps, and this bounds what it
+    // does not yet hold to one batch per input stream.
+    let (sender, batches) = mpsc::channel(1);
+    let task = SpawnedTask::spawn(async move {
+        while let Some(item) = stream.next().await {
+            let failed = item.is_err();
+            if sender.send(item).await.is_err() || failed {
+                break;
+            }
+        }
+    });
+    let input = BlockingInput {
+        batches,
+        stopped,
+        done: false,
+    };
+    (task, input)
+}
+
+impl BlockingInput {
+    /// The engine's view of these batches (renamed columns, computed keys).
+    fn mapped(
+        self,
+        definition: Arc<Definition>,
+        left: bool,
+    ) -> impl Iterator<Item = Result<RecordBatch, ArrowError>> + Send + 'static {
+        self.map(move |item| {
+            let map: &InputMap = if left {
+                &definition.left
+            } else {
+                &definition.right
+            };
+            item.and_then(|batch| map.apply(batch))
+        })
+    }
+}
+
+impl Iterator for BlockingInput {
+    type Item = Result<RecordBatch, ArrowError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.done {
+            return None;
+        }
+        let Self {
+            batches, stopped, ..
+        } = self;
+        let received = futures::executor::block_on(async {
+            let stop = std::pin::pin!(stopped.wait_for(|stop| *stop));
+            let batch = std::pin::pin!(batches.recv());
+            match select(batch, stop).await {
+                Either::Left((batch, _)) => Some(batch),
+                Either::Right(_) => None,
+            }
+        });
+        match received {
+            Some(Some(Ok(batch))) => Some(Ok(batch)),
+            Some(Some(Err(e))) => {
+                self.done = true;
+                Some(Err(to_arrow(e)))
+            }
+            Some(None) => {
+                self.done = true;
+                None
+            }
+            None => {
+                self.done = true;
+                Some(Err(ArrowError::ExternalError(
+                    "the query was cancelled".into(),
+                )))
+            }
+        }
+    }
+}

@@ -1,0 +1,61 @@
+use std::sync::Arc;
+
+use datafusion::arrow::util::pretty::pretty_format_batches;
+use datafusion::execution::memory_pool::FairSpillPool;
+use datafusion::execution::runtime_env::RuntimeEnvBuilder;
+use datafusion::execution::session_state::SessionStateBuilder;
+use datafusion::prelude::{SessionConfig, SessionContext};
+
+async fn ctx(spill: bool, limit: Option<usize>) -> SessionContext {
+    let mut config = SessionConfig::new().with_target_partitions(2);
+    config = spilljoin_datafusion::with_spilljoin_config(config);
+    if spill {
+        config
+            .options_mut()
+            .set("spilljoin.force_spill", "1")
+            .unwrap();
+    }
+    let mut runtime = RuntimeEnvBuilder::new();
+    if let Some(l) = limit {
+        runtime = runtime.with_memory_pool(Arc::new(FairSpillPool::new(l)));
+    }
+    let state = SessionStateBuilder::new()
+        .with_default_features()
+        .with_config(config)
+        .with_runtime_env(runtime.build_arc().unwrap());
+    let ctx = SessionContext::new_with_state(spilljoin_datafusion::with_spilljoin(state).build());
+    ctx.sql("CREATE TABLE a AS SELECT value % 1000 AS k, value AS v, 'x' || value AS s FROM generate_series(1, 100000)").await.unwrap().collect().await.unwrap();
+    ctx.sql(
+        "CREATE TABLE b AS SELECT value % 1500 AS k, value * 2 AS w FROM generate_series(1, 20000)",
+    )
+    .await
+    .unwrap()
+    .collect()
+    .await
+    .unwrap();
+    ctx
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn smoke() {
+    let c = ctx(true, Some(4 << 20)).await;
+    let q = "SELECT count(*), sum(v), sum(w), max(s) FROM a JOIN b ON a.k = b.k";
+    let plan = c
+        .sql(&format!("EXPLAIN {q}"))
+        .await
+        .unwrap()
+        .collect()
+        .await
+        .unwrap();
+    println!("{}", pretty_format_batches(&plan).unwrap());
+    let out = c.sql(q).await.unwrap().collect().await.unwrap();
+    println!("{}", pretty_format_batches(&out).unwrap());
+    let plan = c
+        .sql(&format!("EXPLAIN ANALYZE {q}"))
+        .await
+        .unwrap()
+        .collect()
+        .await
+        .unwrap();
+    println!("{}", pretty_format_batches(&plan).unwrap());
+}

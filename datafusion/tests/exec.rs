@@ -1,0 +1,193 @@
+//! The operator inside DataFusion plans: the rule changes nothing but the join's
+//! name, dropping a stream frees everything before the drop returns, and several
+//! joins of one plan spill inside one small pool.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use datafusion::arrow::array::RecordBatch;
+use datafusion::arrow::util::pretty::pretty_format_batches;
+use datafusion::execution::disk_manager::{DiskManagerBuilder, DiskManagerMode};
+use datafusion::execution::memory_pool::{FairSpillPool, GreedyMemoryPool, MemoryPool};
+use datafusion::execution::runtime_env::RuntimeEnvBuilder;
+use datafusion::execution::session_state::SessionStateBuilder;
+use datafusion::physical_plan::{collect, execute_stream, ExecutionPlan};
+use datafusion::prelude::{SessionConfig, SessionContext};
+use futures::StreamExt;
+use spilljoin_datafusion::SpilljoinExec;
+
+struct Session {
+    ctx: SessionContext,
+    pool: Arc<dyn MemoryPool>,
+}
+
+/// A session of 2 partitions over `pool`, spilling under `dir`, with or without the
+/// rule, with tables `a` (100,000 rows) and `b`, `c` (20,000 rows).
+async fn session(rule: bool, pool: Arc<dyn MemoryPool>, dir: &Path, force: bool) -> Session {
+    let mut config = spilljoin_datafusion::with_spilljoin_config(
+        SessionConfig::new().with_target_partitions(2),
+    );
+    let options = config.options_mut();
+    // Dynamic filters would differ between the plans compared below.
+    options
+        .set("datafusion.optimizer.enable_join_dynamic_filter_pushdown", "false")
+        .unwrap();
+    if force {
+        options.set("spilljoin.force_spill", "1").unwrap();
+    }
+    let disk = DiskManagerBuilder::default()
+        .with_mode(DiskManagerMode::Directories(vec![dir.to_path_buf()]));
+    let runtime = RuntimeEnvBuilder::new()
+        .with_memory_pool(Arc::clone(&pool))
+        .with_disk_manager_builder(disk)
+        .build_arc()
+        .unwrap();
+    let mut state = SessionStateBuilder::new()
+        .with_default_features()
+        .with_config(config)
+        .with_runtime_env(runtime);
+    if rule {
+        state = spilljoin_datafusion::with_spilljoin(state);
+    }
+    let ctx = SessionContext::new_with_state(state.build());
+    for sql in [
+        "CREATE TABLE a AS SELECT value % 5000 AS k, value AS v, 'payload-' || value AS s FROM generate_series(1, 100000)",
+        "CREATE TABLE b AS SELECT value % 7000 AS k, value * 2 AS w, value % 300 AS j FROM generate_series(1, 20000)",
+        "CREATE TABLE c AS SELECT value % 300 AS j, 'c-' || value AS t FROM generate_series(1, 20000)",
+    ] {
+        ctx.sql(sql).await.unwrap().collect().await.unwrap();
+    }
+    Session { ctx, pool }
+}
+
+fn unbounded() -> Arc<dyn MemoryPool> {
+    Arc::new(GreedyMemoryPool::new(usize::MAX / 2))
+}
+
+async fn plan(s: &Session, sql: &str) -> Arc<dyn ExecutionPlan> {
+    s.ctx.sql(sql).await.unwrap().create_physical_plan().await.unwrap()
+}
+
+fn count_nodes(plan: &Arc<dyn ExecutionPlan>, name: &str) -> usize {
+    let here = usize::from(plan.name() == name);
+    here + plan.children().iter().map(|c| count_nodes(c, name)).sum::<usize>()
+}
+
+fn sorted_rows(batches: &[RecordBatch]) -> Vec<String> {
+    let text = pretty_format_batches(batches).unwrap().to_string();
+    let mut rows: Vec<String> = text.lines().skip(3).map(str::to_owned).collect();
+    rows.sort();
+    rows
+}
+
+const TWO_JOINS: &str = "SELECT a.k, a.s, b.w, c.t FROM a JOIN b ON a.k = b.k JOIN c ON b.j = c.j WHERE a.v % 10 = 0";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_rule_changes_only_the_joins_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let queries = [
+        TWO_JOINS,
+        "SELECT * FROM a LEFT JOIN b ON a.k = b.k AND a.v > b.w",
+        "SELECT * FROM b WHERE NOT EXISTS (SELECT 1 FROM a WHERE a.k = b.k)",
+        "SELECT * FROM b WHERE k NOT IN (SELECT k FROM a)",
+        "SELECT b.k, count(*) FROM a FULL JOIN b ON a.k = b.k GROUP BY b.k",
+    ];
+    let with = session(true, unbounded(), dir.path(), false).await;
+    let without = session(false, unbounded(), dir.path(), false).await;
+    for sql in queries {
+        let ours = plan(&with, sql).await;
+        let stock = plan(&without, sql).await;
+        assert!(count_nodes(&ours, "SpilljoinExec") > 0, "{sql}");
+        assert_eq!(
+            count_nodes(&ours, "SpilljoinExec"),
+            count_nodes(&stock, "HashJoinExec"),
+            "{sql}: every hash join is replaced"
+        );
+        let ours_text = datafusion::physical_plan::displayable(ours.as_ref())
+            .indent(true)
+            .to_string()
+            .replace("SpilljoinExec", "HashJoinExec");
+        let stock_text = datafusion::physical_plan::displayable(stock.as_ref())
+            .indent(true)
+            .to_string();
+        assert_eq!(ours_text, stock_text, "{sql}");
+        assert_eq!(ours.schema(), stock.schema(), "{sql}");
+        assert_eq!(
+            format!("{:?}", ours.properties()),
+            format!("{:?}", stock.properties()),
+            "{sql}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dropping_the_stream_frees_memory_and_files_at_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let pool: Arc<dyn MemoryPool> = Arc::new(FairSpillPool::new(64 << 20));
+    let s = session(true, pool, dir.path(), true).await;
+    let sql = "SELECT a.s, b.w FROM a JOIN b ON a.k = b.k";
+    for _ in 0..3 {
+        let plan = plan(&s, sql).await;
+        let mut stream = execute_stream(Arc::clone(&plan), s.ctx.task_ctx()).unwrap();
+        let first = stream.next().await.unwrap().unwrap();
+        assert!(first.num_rows() > 0);
+        assert!(s.pool.reserved() > 0, "the join holds memory while it runs");
+        drop(stream);
+        assert_eq!(s.pool.reserved(), 0, "the drop freed the join's memory");
+        assert_eq!(spill_files(dir.path()), 0, "the drop removed the spill files");
+        drop(plan);
+    }
+}
+
+/// Files under `dir` (DataFusion's temp directories hold spilljoin's).
+fn spill_files(dir: &Path) -> usize {
+    walk(dir)
+        .into_iter()
+        .filter(|p| p.file_name().is_some_and(|n| n != "owner.lock"))
+        .count()
+}
+
+fn walk(dir: &Path) -> Vec<std::path::PathBuf> {
+    let mut files = Vec::new();
+    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let path = entry.path();
+        if path.is_dir() {
+            files.extend(walk(&path));
+        } else {
+            files.push(path);
+        }
+    }
+    files
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_joins_spill_inside_one_small_pool() {
+    let dir = tempfile::tempdir().unwrap();
+    let reference = session(false, unbounded(), dir.path(), false).await;
+    let expected = sorted_rows(&reference.ctx.sql(TWO_JOINS).await.unwrap().collect().await.unwrap());
+    assert!(expected.len() > 1000);
+    let limit = 3 << 20;
+    let pool: Arc<dyn MemoryPool> = Arc::new(FairSpillPool::new(limit));
+    let s = session(true, Arc::clone(&pool), dir.path(), false).await;
+    let plan = plan(&s, TWO_JOINS).await;
+    assert_eq!(count_nodes(&plan, "SpilljoinExec"), 2);
+    let out = collect(Arc::clone(&plan), s.ctx.task_ctx()).await.unwrap();
+    assert_eq!(sorted_rows(&out), expected);
+    let spilled = joins_spilled(&plan);
+    assert_eq!(spilled.len(), 2);
+    assert!(spilled.iter().all(|&b| b > 0), "both joins spilled: {spilled:?}");
+    assert_eq!(pool.reserved(), 0);
+    assert_eq!(spill_files(dir.path()), 0);
+}
+
+/// Spilled bytes of every `SpilljoinExec` in `plan`.
+fn joins_spilled(plan: &Arc<dyn ExecutionPlan>) -> Vec<usize> {
+    let mut out = Vec::new();
+    if plan.downcast_ref::<SpilljoinExec>().is_some() {
+        out.push(plan.metrics().and_then(|m| m.spilled_bytes()).unwrap_or(0));
+    }
+    for child in plan.children() {
+        out.extend(joins_spilled(child));
+    }
+    out
+}

@@ -264,7 +264,8 @@ const SQL_HELP: &str = concat!(
     "\
 Each --table NAME=PATH registers a table: PATH is a file, a directory (every data
 file under it) or a quoted glob, in one format told by the extension (.parquet,
-.arrow/.feather/.ipc, .arrows, .csv/.tsv, .json/.jsonl/.ndjson), as for `join`.
+.arrow/.feather/.ipc, .arrows, .csv/.tsv, .json/.jsonl/.ndjson), as for `join`,
+or named: --table NAME:csv=data.txt.
 
 The query runs in DataFusion with one memory budget (--memory-limit, a fair spill
 pool) shared by every operator; its hash joins are spilljoin's, so they spill
@@ -299,9 +300,10 @@ pub struct SqlArgs {
     #[arg(long, value_name = "FILE")]
     pub file: Option<PathBuf>,
     /// A table for the query: NAME=PATH, PATH a file, a directory or a quoted glob
-    /// such as 'data/*.parquet'; repeatable.
+    /// such as 'data/*.parquet'; NAME:FORMAT=PATH names the format (parquet, arrow,
+    /// arrows, csv, ndjson) when the extension does not; repeatable.
     #[arg(long = "table", value_parser = parse_table, value_name = "NAME=PATH", help_heading = "Inputs")]
-    pub tables: Vec<(String, String)>,
+    pub tables: Vec<TableArg>,
     /// Field delimiter of CSV tables and output: one character, or `tab`
     /// [default: `,`; tab for .tsv].
     #[arg(long, value_parser = parse_delimiter, value_name = "CHAR", help_heading = "Inputs")]
@@ -424,10 +426,31 @@ fn parse_delimiter(s: &str) -> Result<u8, String> {
     }
 }
 
-fn parse_table(s: &str) -> Result<(String, String), String> {
+/// `--table NAME[:FORMAT]=PATH`.
+#[derive(Debug, Clone)]
+pub struct TableArg {
+    /// The table's name in SQL, in lower case.
+    pub name: String,
+    /// The format, if given.
+    pub format: Option<Format>,
+    /// PATH as given.
+    pub path: String,
+}
+
+fn parse_table(s: &str) -> Result<TableArg, String> {
     let (name, path) = s
         .split_once('=')
         .ok_or_else(|| format!("{s:?} is not NAME=PATH"))?;
+    let (name, format) = match name.split_once(':') {
+        Some((name, format)) => {
+            let format =
+                <Format as clap::ValueEnum>::from_str(format.trim(), true).map_err(|_| {
+                    format!("{format:?} is not a format: use parquet, arrow, arrows, csv or ndjson")
+                })?;
+            (name, Some(format))
+        }
+        None => (name, None),
+    };
     let name = name.trim();
     let valid = name
         .chars()
@@ -443,7 +466,11 @@ fn parse_table(s: &str) -> Result<(String, String), String> {
         return Err(format!("{s:?} has no path after ="));
     }
     // SQL folds unquoted names to lower case: so does the table's name.
-    Ok((name.to_ascii_lowercase(), path.to_string()))
+    Ok(TableArg {
+        name: name.to_ascii_lowercase(),
+        format,
+        path: path.to_string(),
+    })
 }
 
 fn parse_on(s: &str) -> Result<Vec<(String, String)>, String> {

@@ -190,6 +190,20 @@ fn csv_tables_and_a_glob_are_read_as_join_reads_them() {
     assert_eq!(sql(&strs(&args)).rows(), 5);
     assert_eq!(Table::read_arrow(&out).rows, nested_loop_inner());
 
+    // A format the extension does not tell, then named.
+    let txt = f.path("right.txt");
+    std::fs::copy(&right_csv, &txt).unwrap();
+    let mut args = vec![];
+    args.extend(table("l", &glob));
+    args.extend(table("r", &txt));
+    args.push(FIXTURE_JOIN.into());
+    sql(&strs(&args)).error(
+        INVALID_JOIN,
+        &["cannot tell the format of table r", "--table r:FORMAT=PATH"],
+    );
+    args[3] = format!("r:csv={}", txt.display());
+    assert_eq!(sql(&strs(&args)).rows(), 5);
+
     // A glob that matches nothing, as `join` says it.
     let mut args = vec![];
     args.extend(table("l", &parts.join("nothing-*.csv")));
@@ -375,6 +389,7 @@ fn bad_queries_are_one_line_errors() {
     all.push("SELECT 1".into());
     sql(&strs(&all)).error(INVALID_JOIN, &["--table l is given twice"]);
     sql(&["--table", "1x=a.parquet", "SELECT 1"]).usage_error(&["not a table name"]);
+    sql(&["--table", "t:xml=a.xml", "SELECT 1"]).usage_error(&["\"xml\" is not a format"]);
     sql(&["--table", "t=/no/such.parquet", "SELECT 1"])
         .error(BAD_INPUT, &["cannot open table t /no/such.parquet"]);
     sql(&[]).usage_error(&["QUERY"]);

@@ -22,7 +22,7 @@ use crate::format::{Format, EXTENSIONS};
 pub enum InputName<'a> {
     /// `join --left` or `--right`.
     Side(Side),
-    /// `sql --table NAME=PATH`.
+    /// `sql --table NAME[:FORMAT]=PATH`.
     Table(&'a str),
 }
 
@@ -39,7 +39,7 @@ impl InputName<'_> {
     fn format_hint(&self) -> String {
         match self {
             InputName::Side(side) => format!("or --{side}-format"),
-            InputName::Table(_) => "or register each format as a table of its own".into(),
+            InputName::Table(name) => format!("or --table {name}:FORMAT=PATH"),
         }
     }
 }

@@ -41,7 +41,7 @@ use datafusion::execution::session_state::SessionStateBuilder;
 use datafusion::prelude::{SessionConfig, SessionContext};
 use spilljoin::spill::SpillCompression;
 
-use crate::args::RunArgs;
+use crate::args::{RunArgs, TableArg};
 use crate::failure::Kind;
 use crate::format::{CsvOptions, Format};
 use crate::input::{locate, InputName};
@@ -186,20 +186,25 @@ pub struct Table {
     pub files: Vec<PathBuf>,
 }
 
-/// The files and format of each `--table NAME=PATH`, found as `join` finds its
-/// inputs'.
+/// The files and format of each `--table NAME[:FORMAT]=PATH`, found as `join`
+/// finds its inputs'.
 ///
 /// # Errors
 /// A name given twice (a definition failure); the failures of [`locate`].
-pub fn locate_tables(tables: &[(String, String)]) -> Result<Vec<Table>> {
+pub fn locate_tables(tables: &[TableArg]) -> Result<Vec<Table>> {
     let mut located: Vec<Table> = Vec::with_capacity(tables.len());
-    for (name, spec) in tables {
+    for TableArg {
+        name,
+        format,
+        path: spec,
+    } in tables
+    {
         if located.iter().any(|t| &t.name == name) {
             return Err(Kind::Definition.error(format!(
                 "--table {name} is given twice: each table needs a name of its own"
             )));
         }
-        let (files, format) = locate(InputName::Table(name), spec, None)?;
+        let (files, format) = locate(InputName::Table(name), spec, *format)?;
         located.push(Table {
             name: name.clone(),
             spec: spec.clone(),

@@ -31,6 +31,10 @@ pub enum Command {
     /// Join two inputs on equal keys.
     #[command(after_long_help = JOIN_EXAMPLES)]
     Join(Box<JoinArgs>),
+    /// Run a SQL query over files with DataFusion, its joins spilling with
+    /// spilljoin.
+    #[command(after_long_help = SQL_HELP)]
+    Sql(Box<SqlArgs>),
     /// Generate TPC-H-shaped orders and lineitem tables and join them.
     Demo(DemoArgs),
     /// Remove what joins killed outright (SIGKILL, the OOM killer) left behind:
@@ -43,11 +47,11 @@ pub enum Command {
 macro_rules! exit_codes_help {
     () => {
         "Exit codes:
-  0 success; 1 internal error; 2 bad command line; 3 the join is invalid (unknown
-  column, key types, filter, selection); 4 an input cannot be read; 5 the output
-  cannot be written; 6 spilling failed (spill dir, full disk, --max-spill-size);
-  7 the memory limit is too small; 128+N stopped by signal N (129 SIGHUP, 130 Ctrl-C,
-  143 SIGTERM)."
+  0 success; 1 internal error; 2 bad command line; 3 the join or query is invalid
+  (unknown column or table, key types, filter, selection, SQL); 4 an input cannot
+  be read; 5 the output cannot be written; 6 spilling failed (spill dir, full disk,
+  --max-spill-size); 7 the memory limit is too small; 128+N stopped by signal N
+  (129 SIGHUP, 130 Ctrl-C, 143 SIGTERM)."
     };
 }
 
@@ -67,6 +71,10 @@ spilljoin join: the flags, in short (`spilljoin join --help` explains each):
            [--max-spill-size SIZE] [--max-depth N] [--threads N] [--batch-size N]
            [--metrics PATH] [-q]
 
+spilljoin sql [--table NAME=PATH]... [running and output flags as above]
+  [--explain | --explain-analyze] (QUERY | --file FILE): SQL over files with
+  DataFusion, its joins spilling (`spilljoin sql --help`).
+
 spilljoin clean [--spill-dir DIR] [--output-dir DIR] [--dry-run]: remove what joins
   killed outright left behind (every join also does it when it starts).
 
@@ -75,6 +83,8 @@ Examples:
   spilljoin join --left lineitem.parquet --right orders.parquet \\
       --on l_orderkey=o_orderkey --memory-limit 512MiB --output joined.parquet
   spilljoin join --left a.csv --right b.parquet --on id=id --type anti --explain
+  spilljoin sql --table o=orders.parquet --table l='lineitem/*.parquet' \\
+      'SELECT o_orderkey, sum(l_quantity) FROM o JOIN l ON l_orderkey = o_orderkey GROUP BY 1'
 
 ",
     exit_codes_help!()
@@ -103,24 +113,25 @@ format comes from the extension (.parquet, .arrow/.feather/.ipc, .arrows, .csv/.
 #[derive(Debug, Args, Clone)]
 #[command(next_help_heading = "Running")]
 pub struct RunArgs {
-    /// Memory budget for the join, e.g. 512MiB, 2GB, 1.5GiB; what does not fit is
-    /// spilled to --spill-dir [default: 75% of the memory available now, cgroup
-    /// aware; 8MiB for the demo].
+    /// Memory budget for the join (for `sql`, the whole query), e.g. 512MiB, 2GB,
+    /// 1.5GiB; what does not fit is spilled to --spill-dir [default: 75% of the
+    /// memory available now, cgroup aware; 8MiB for the demo].
     #[arg(long, value_parser = parse_size, value_name = "SIZE")]
     pub memory_limit: Option<u64>,
     /// Directory in which spill files are written, in a private subdirectory that is
-    /// removed when the join ends [default: the system temp dir].
+    /// removed when the join (or query) ends [default: the system temp dir].
     #[arg(long, value_name = "DIR")]
     pub spill_dir: Option<PathBuf>,
     /// Compression of spill files: none (fastest on a local disk), lz4 (about half
     /// the disk for strings) or zstd (smallest).
     #[arg(long, default_value = "none", value_parser = parse_spill_compression, value_name = "CODEC")]
     pub spill_compression: SpillCompression,
-    /// The most disk all spill files may take at once, e.g. 50GiB; a join that needs
-    /// more stops with exit code 6 [default: unlimited].
+    /// The most disk all spill files may take at once, e.g. 50GiB; a join (or query)
+    /// that needs more stops with exit code 6 [default: unlimited].
     #[arg(long, value_parser = parse_size, value_name = "SIZE")]
     pub max_spill_size: Option<u64>,
-    /// Worker threads, 1 to 1024 [default: all cores].
+    /// Worker threads, 1 to 1024 (for `sql`, also DataFusion's target partitions)
+    /// [default: all cores].
     #[arg(long, value_parser = parse_threads, value_name = "N")]
     pub threads: Option<usize>,
     /// Rows per batch, read and written (1 to 1048576).
@@ -248,6 +259,82 @@ pub struct JoinArgs {
     pub run: RunArgs,
 }
 
+/// `spilljoin sql --help` after the flags.
+const SQL_HELP: &str = concat!(
+    "\
+Each --table NAME=PATH registers a table: PATH is a file, a directory (every data
+file under it) or a quoted glob, in one format told by the extension (.parquet,
+.arrow/.feather/.ipc, .arrows, .csv/.tsv, .json/.jsonl/.ndjson), as for `join`,
+or named: --table NAME:csv=data.txt.
+
+The query runs in DataFusion with one memory budget (--memory-limit, a fair spill
+pool) shared by every operator; its hash joins are spilljoin's, so they spill
+instead of failing. When another operator (a sort, an aggregate) runs out of
+memory, the error names it. SET spilljoin.enabled = false and the other
+spilljoin.* settings work in the query's session; `--explain` shows SpilljoinExec
+where a join runs.
+
+Examples:
+  spilljoin sql --table orders=orders.parquet --table lineitem='lineitem/*.parquet' \\
+      --memory-limit 256MiB --output revenue.parquet \\
+      'SELECT o_orderpriority, sum(l_extendedprice) AS revenue
+       FROM orders JOIN lineitem ON l_orderkey = o_orderkey GROUP BY o_orderpriority'
+  spilljoin sql --table t=events.csv --file report.sql --output - --output-format ndjson
+  spilljoin sql --table a=a.parquet --table b=b.parquet --explain 'SELECT * FROM a JOIN b USING (k)'
+
+",
+    exit_codes_help!()
+);
+
+/// `spilljoin sql`.
+#[derive(Debug, Args)]
+pub struct SqlArgs {
+    /// The query, one SQL statement (or give --file).
+    #[arg(
+        value_name = "QUERY",
+        required_unless_present = "file",
+        conflicts_with = "file"
+    )]
+    pub query: Option<String>,
+    /// Read the query from this file.
+    #[arg(long, value_name = "FILE")]
+    pub file: Option<PathBuf>,
+    /// A table for the query: NAME=PATH, PATH a file, a directory or a quoted glob
+    /// such as 'data/*.parquet'; NAME:FORMAT=PATH names the format (parquet, arrow,
+    /// arrows, csv, ndjson) when the extension does not; repeatable.
+    #[arg(long = "table", value_parser = parse_table, value_name = "NAME=PATH", help_heading = "Inputs")]
+    pub tables: Vec<TableArg>,
+    /// Field delimiter of CSV tables and output: one character, or `tab`
+    /// [default: `,`; tab for .tsv].
+    #[arg(long, value_parser = parse_delimiter, value_name = "CHAR", help_heading = "Inputs")]
+    pub csv_delimiter: Option<u8>,
+    /// CSV tables have no header line (columns are named column_1, column_2, ...),
+    /// and CSV output gets none.
+    #[arg(long, help_heading = "Inputs")]
+    pub csv_no_header: bool,
+    /// Write the result here (`-` for stdout), written to a temporary name and
+    /// renamed when complete. Without it the result is produced in full and counted.
+    #[arg(long, value_name = "PATH", help_heading = "Output")]
+    pub output: Option<String>,
+    /// Output format [default: from --output's extension; csv for stdout].
+    #[arg(long, value_name = "FORMAT", help_heading = "Output")]
+    pub output_format: Option<Format>,
+    /// Output compression, as for `join` [default: zstd for Parquet, none otherwise].
+    #[arg(long, value_name = "CODEC", help_heading = "Output")]
+    pub compression: Option<String>,
+    /// Print the physical plan (SpilljoinExec where a join runs) and exit without
+    /// running the query.
+    #[arg(long, conflicts_with = "explain_analyze", help_heading = "Query")]
+    pub explain: bool,
+    /// Run the query (writing --output, if given), then print the physical plan
+    /// with each operator's figures (rows, time, memory, spilling).
+    #[arg(long, help_heading = "Query")]
+    pub explain_analyze: bool,
+    /// Run settings.
+    #[command(flatten)]
+    pub run: RunArgs,
+}
+
 /// `spilljoin clean --help` after the flags.
 const CLEAN_HELP: &str = concat!(
     "\
@@ -337,6 +424,53 @@ fn parse_delimiter(s: &str) -> Result<u8, String> {
         _ if s.len() == 1 && s.is_ascii() => Ok(s.as_bytes()[0]),
         _ => Err("must be one ASCII character or `tab`".into()),
     }
+}
+
+/// `--table NAME[:FORMAT]=PATH`.
+#[derive(Debug, Clone)]
+pub struct TableArg {
+    /// The table's name in SQL, in lower case.
+    pub name: String,
+    /// The format, if given.
+    pub format: Option<Format>,
+    /// PATH as given.
+    pub path: String,
+}
+
+fn parse_table(s: &str) -> Result<TableArg, String> {
+    let (name, path) = s
+        .split_once('=')
+        .ok_or_else(|| format!("{s:?} is not NAME=PATH"))?;
+    let (name, format) = match name.split_once(':') {
+        Some((name, format)) => {
+            let format =
+                <Format as clap::ValueEnum>::from_str(format.trim(), true).map_err(|_| {
+                    format!("{format:?} is not a format: use parquet, arrow, arrows, csv or ndjson")
+                })?;
+            (name, Some(format))
+        }
+        None => (name, None),
+    };
+    let name = name.trim();
+    let valid = name
+        .chars()
+        .next()
+        .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+        && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+    if !valid {
+        return Err(format!(
+            "{name:?} is not a table name: use letters, digits and _, starting with a letter or _"
+        ));
+    }
+    if path.is_empty() {
+        return Err(format!("{s:?} has no path after ="));
+    }
+    // SQL folds unquoted names to lower case: so does the table's name.
+    Ok(TableArg {
+        name: name.to_ascii_lowercase(),
+        format,
+        path: path.to_string(),
+    })
 }
 
 fn parse_on(s: &str) -> Result<Vec<(String, String)>, String> {

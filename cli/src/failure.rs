@@ -4,7 +4,8 @@
 //! Errors travel as `anyhow::Error`. Where the command line knows what went wrong
 //! (it could not open an input, or a column does not exist) it tags the error with a
 //! [`Failure`] context; errors of the join engine are classified by their type
-//! ([`JoinError`], [`SpillError`]). The first tag found from the outside in decides
+//! ([`JoinError`], [`SpillError`]); `sql` sorts DataFusion's errors into the same
+//! kinds (`sql::diagnose`). The first tag found from the outside in decides
 //! the kind, so `cannot write the output: i/o error` is an output failure even when
 //! the cause is an `std::io::Error` like any other.
 //!
@@ -13,11 +14,11 @@
 //! | 0 | success |
 //! | 1 | internal error (a bug) |
 //! | 2 | the command line cannot be parsed (clap) |
-//! | 3 | the join is invalid: unknown column, key types, filter, selection |
+//! | 3 | the join or query is invalid: unknown column or table, key types, filter, selection, SQL |
 //! | 4 | an input cannot be read: missing, unreadable, corrupt |
 //! | 5 | the output (or `--metrics` file) cannot be written |
 //! | 6 | spilling failed: spill dir, full disk, `--max-spill-size` reached |
-//! | 7 | the memory limit is below what the join needs |
+//! | 7 | the memory limit is below what the join (or a query's operator) needs |
 //! | 128+N | stopped by signal N (130 SIGINT, 143 SIGTERM, 129 SIGHUP) |
 
 use std::fmt;
@@ -120,7 +121,8 @@ pub fn kind_of(error: &anyhow::Error) -> Kind {
     Kind::Internal
 }
 
-fn join_error_kind(e: &JoinError) -> Kind {
+/// The kind of an error of the join engine.
+pub fn join_error_kind(e: &JoinError) -> Kind {
     match e {
         JoinError::ResourcesExhausted { .. } => Kind::Memory,
         JoinError::Spill(_) => Kind::Spill,

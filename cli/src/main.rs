@@ -1,6 +1,7 @@
 //! The `spilljoin` command line: `spilljoin join` over Parquet, Arrow IPC, CSV and
-//! NDJSON, `spilljoin demo`, and `spilljoin clean`. See `spilljoin --help` and the
-//! README.
+//! NDJSON, `spilljoin sql` (SQL over the same files in DataFusion, its joins
+//! spilling), `spilljoin demo`, and `spilljoin clean`. See `spilljoin --help` and
+//! the README.
 //!
 //! It is a crate of its own so that the library carries none of its dependencies
 //! (argument parsing, file formats, the filter's SQL parser, progress bars, signals):
@@ -10,7 +11,7 @@
 //! CSV and schema options), [`input`] (files, schemas, statistics, streams),
 //! [`filter`] (`--filter` parsed, typed and evaluated), [`select`] (`--select`),
 //! [`plan`] (everything resolved before a row is read; `--explain`), [`run`]
-//! (executing a plan), [`output`] (writers and atomic files), [`progress`],
+//! (executing a plan), [`sql`] (a query in DataFusion), [`output`] (writers and atomic files), [`progress`],
 //! [`metrics`] (`--metrics` JSON), [`signals`] (Ctrl-C and SIGTERM), [`stale`] (what
 //! killed joins leave behind, told from what live ones hold), [`clean`] (removing
 //! it on demand), [`failure`] (exit codes and one-line errors), [`suggest`] ("did
@@ -32,6 +33,7 @@ mod pushdown;
 mod run;
 mod select;
 mod signals;
+mod sql;
 mod stale;
 mod suggest;
 
@@ -77,6 +79,7 @@ fn run_cli() -> i32 {
     };
     let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| match cli.command {
         args::Command::Join(join) => run::join(*join, &interrupt),
+        args::Command::Sql(sql) => sql::run(*sql, &interrupt),
         args::Command::Demo(demo) => demo::run(&demo, &interrupt),
         args::Command::Clean(clean) => clean::run(&clean),
     }));

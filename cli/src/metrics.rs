@@ -130,7 +130,7 @@ pub fn report(
 }
 
 /// A duration in seconds, to the microsecond.
-fn seconds(d: Duration) -> f64 {
+pub fn seconds(d: Duration) -> f64 {
     (d.as_secs_f64() * 1e6).round() / 1e6
 }
 
@@ -171,7 +171,7 @@ fn spill(plan: &Plan, m: &JoinMetrics) -> Value {
 }
 
 /// What killed joins left behind, removed when this one started.
-fn stale_removed(stale: &StaleRemoved) -> Value {
+pub fn stale_removed(stale: &StaleRemoved) -> Value {
     json!({
         "spill_dirs": stale.spill_dirs,
         "spill_dir_bytes": stale.spill_dir_bytes,

@@ -11,6 +11,9 @@
 //! then probe rows against the probe's); where rows are not known before reading
 //! (CSV, NDJSON, Arrow) it follows the bytes read from the files against their
 //! size, and the spilled partitions phase shows a spinner. The line is cleared when the join ends.
+//!
+//! `sql` draws its own line through [`Progress::start_with`] (a spinner: rows out,
+//! memory, spill on disk).
 
 use std::io::IsTerminal;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -41,7 +44,7 @@ pub struct Progress {
 }
 
 impl Progress {
-    /// Starts drawing, unless `quiet` or stderr is not a terminal.
+    /// Starts drawing a join's progress, unless `quiet` or stderr is not a terminal.
     pub fn start(
         quiet: bool,
         metrics: MetricsHandle,
@@ -49,6 +52,16 @@ impl Progress {
         probe: SideProgress,
         limit_bytes: u64,
     ) -> Self {
+        let styles = Styles::default();
+        Self::start_with(quiet, move |bar| {
+            join_tick(bar, &styles, &metrics, &build, &probe, limit_bytes)
+        })
+    }
+
+    /// Starts drawing one line, unless `quiet` or stderr is not a terminal: `tick`
+    /// sets the bar's style, position and message ten times a second, from a
+    /// thread of its own.
+    pub fn start_with(quiet: bool, mut tick: impl FnMut(&ProgressBar) + Send + 'static) -> Self {
         let stop = Arc::new(AtomicBool::new(false));
         if quiet || !std::io::stderr().is_terminal() {
             return Self { stop, thread: None };
@@ -56,7 +69,16 @@ impl Progress {
         let flag = Arc::clone(&stop);
         let thread = std::thread::Builder::new()
             .name("spilljoin-progress".into())
-            .spawn(move || draw(&flag, &metrics, &build, &probe, limit_bytes))
+            .spawn(move || {
+                let bar =
+                    ProgressBar::with_draw_target(Some(0), ProgressDrawTarget::stderr_with_hz(10));
+                while !flag.load(Ordering::Relaxed) {
+                    tick(&bar);
+                    bar.tick();
+                    std::thread::sleep(TICK);
+                }
+                bar.finish_and_clear();
+            })
             .ok();
         Self { stop, thread }
     }
@@ -82,48 +104,65 @@ impl Drop for Progress {
 
 const TICK: Duration = Duration::from_millis(100);
 
-fn draw(
-    stop: &AtomicBool,
+/// The line's two looks: a bar while an input's share read is known, a spinner
+/// otherwise.
+pub struct Styles {
+    with_bar: Option<ProgressStyle>,
+    /// The spinner, with a prefix (the phase) and a message.
+    pub spinner: Option<ProgressStyle>,
+}
+
+impl Default for Styles {
+    /// The styles (`None` where a template does not parse: the line keeps the
+    /// style it had).
+    fn default() -> Self {
+        let with_bar = ProgressStyle::with_template(
+            "{spinner} {prefix:<8} [{bar:25}] {percent:>3}% {wide_msg}",
+        )
+        .map(|s| s.progress_chars("#>-"));
+        let spinner = ProgressStyle::with_template("{spinner} {prefix:<8} {wide_msg}");
+        Self {
+            with_bar: with_bar.ok(),
+            spinner: spinner.ok(),
+        }
+    }
+}
+
+/// One tick of a join's line: its phase, the share of the phase's input read, and
+/// the figures of [`message`].
+fn join_tick(
+    bar: &ProgressBar,
+    styles: &Styles,
     metrics: &MetricsHandle,
     build: &SideProgress,
     probe: &SideProgress,
     limit_bytes: u64,
 ) {
-    let bar = ProgressBar::with_draw_target(Some(0), ProgressDrawTarget::stderr_with_hz(10));
-    let with_bar =
-        ProgressStyle::with_template("{spinner} {prefix:<8} [{bar:25}] {percent:>3}% {wide_msg}")
-            .map(|s| s.progress_chars("#>-"));
-    let spinner = ProgressStyle::with_template("{spinner} {prefix:<8} {wide_msg}");
-    while !stop.load(Ordering::Relaxed) {
-        let m = metrics.metrics();
-        bar.set_prefix(m.phase.to_string());
-        let side = match m.phase {
-            JoinPhase::Build => Some(build),
-            JoinPhase::Probe => Some(probe),
-            _ => None,
+    let m = metrics.metrics();
+    bar.set_prefix(m.phase.to_string());
+    let side = match m.phase {
+        JoinPhase::Build => Some(build),
+        JoinPhase::Probe => Some(probe),
+        _ => None,
+    };
+    let fraction = side.and_then(|s| {
+        let (done, total) = match (s.rows_total, s.file_bytes_total) {
+            (Some(total), _) => (s.counters.rows(), total),
+            (None, Some(total)) => (s.counters.file_bytes(), total),
+            (None, None) => return None,
         };
-        let fraction = side.and_then(|s| {
-            let (done, total) = match (s.rows_total, s.file_bytes_total) {
-                (Some(total), _) => (s.counters.rows(), total),
-                (None, Some(total)) => (s.counters.file_bytes(), total),
-                (None, None) => return None,
-            };
-            Some((done.min(total), total.max(1)))
-        });
-        match (fraction, &with_bar, &spinner) {
-            (Some((done, total)), Ok(style), _) => {
-                bar.set_style(style.clone());
-                bar.set_length(total);
-                bar.set_position(done);
-            }
-            (_, _, Ok(style)) => bar.set_style(style.clone()),
-            _ => {}
+        Some((done.min(total), total.max(1)))
+    });
+    match (fraction, &styles.with_bar, &styles.spinner) {
+        (Some((done, total)), Some(style), _) => {
+            bar.set_style(style.clone());
+            bar.set_length(total);
+            bar.set_position(done);
         }
-        bar.set_message(message(&m, build, probe, limit_bytes));
-        bar.tick();
-        std::thread::sleep(TICK);
+        (_, _, Some(style)) => bar.set_style(style.clone()),
+        _ => {}
     }
-    bar.finish_and_clear();
+    bar.set_message(message(&m, build, probe, limit_bytes));
 }
 
 fn message(
@@ -169,7 +208,7 @@ fn message(
 }
 
 /// A row count in K/M/G.
-fn count(n: u64) -> String {
+pub fn count(n: u64) -> String {
     match n {
         0..1_000 => n.to_string(),
         1_000..1_000_000 => format!("{:.1}K", n as f64 / 1e3),

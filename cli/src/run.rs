@@ -19,10 +19,8 @@ use std::time::Instant;
 use anyhow::Result;
 use arrow_array::RecordBatch;
 use arrow_schema::SchemaRef;
-use spilljoin::spill::{SpillError, SpillManager};
-use spilljoin::{
-    HashJoin, InputStatistics, JoinError, JoinMetrics, JoinStream, NullEquality, Side,
-};
+use spilljoin::spill::{SpillConfig, SpillError, SpillManager};
+use spilljoin::{HashJoin, InputStatistics, JoinError, JoinMetrics, NullEquality, Side};
 
 use super::args::JoinArgs;
 use super::failure::{kind_of, one_line, signal_exit_code, Kind};
@@ -109,15 +107,7 @@ pub fn execute(plan: &Plan, interrupt: &Interrupt) -> Result<()> {
         Err(e) if stdout_closed(&e, &plan.request.output) => Ok(()),
         other => other.map_err(|e| with_hints(e, plan)),
     };
-    let (status, exit_code, error) = match (&result, interrupt.signal()) {
-        (Ok(()), _) => ("ok", 0, None),
-        (Err(_), Some(signal)) => (
-            "interrupted",
-            signal_exit_code(signal),
-            Some(format!("stopped by {}", signal_name(signal))),
-        ),
-        (Err(e), None) => ("failed", kind_of(e).exit_code(), Some(one_line(e))),
-    };
+    let (status, exit_code, error) = ending(&result, interrupt);
     let elapsed = start.elapsed();
     if let Some(path) = &plan.request.run.metrics {
         let outcome = Outcome {
@@ -144,6 +134,20 @@ pub fn execute(plan: &Plan, interrupt: &Interrupt) -> Result<()> {
         summary(plan, counts.rows, elapsed, &counts.metrics, &pushed);
     }
     Ok(())
+}
+
+/// How a run ended, for `--metrics`: its status (`ok`, `interrupted`, `failed`),
+/// exit code, and error line.
+pub fn ending(result: &Result<()>, interrupt: &Interrupt) -> (&'static str, i32, Option<String>) {
+    match (result, interrupt.signal()) {
+        (Ok(()), _) => ("ok", 0, None),
+        (Err(_), Some(signal)) => (
+            "interrupted",
+            signal_exit_code(signal),
+            Some(format!("stopped by {}", signal_name(signal))),
+        ),
+        (Err(e), None) => ("failed", kind_of(e).exit_code(), Some(one_line(e))),
+    }
 }
 
 /// What a run counts, filled in however it ends.
@@ -198,7 +202,7 @@ fn run(
         plan.limit_bytes,
     );
     let schema = plan.rename.then_some(&plan.schema);
-    let written = write_all(&mut stream, &mut writer, schema, &mut counts.rows);
+    let written = write_all(stream.by_ref(), &mut writer, schema, &mut counts.rows);
     progress.finish();
     counts.metrics = stream.metrics();
     // Dropping the stream ends the join and removes its spill files.
@@ -220,8 +224,20 @@ fn check_before_writing(plan: &Plan) -> Result<()> {
         .chain(r.right.files())
         .map(|p| p.as_path())
         .collect();
-    r.output.refuse_to_overwrite(&inputs)?;
-    if let Some(path) = &r.run.metrics {
+    check_outputs(&r.output, &inputs, r.run.metrics.as_deref())
+}
+
+/// Fails if `output` is one of `inputs`, or if the `metrics` file cannot be written.
+///
+/// # Errors
+/// A definition failure (the output is an input) or an output failure (metrics).
+pub fn check_outputs(
+    output: &OutputSpec,
+    inputs: &[&std::path::Path],
+    metrics: Option<&std::path::Path>,
+) -> Result<()> {
+    output.refuse_to_overwrite(inputs)?;
+    if let Some(path) = metrics {
         super::metrics::check_writable(path)?;
     }
     Ok(())
@@ -236,20 +252,44 @@ fn create_join_and_output(
     interrupt: &Interrupt,
     stale: &mut StaleRemoved,
 ) -> Result<(HashJoin, OutputWriter)> {
-    let spill = SpillManager::new(plan.spill.clone())?;
-    interrupt.remove_on_forced_exit(spill.dir().to_path_buf());
-    let outputs = plan.request.output.remove_stale_temporaries();
-    *stale = StaleRemoved::of(spill.stale_dirs_removed(), &outputs);
-    super::stale::warn_failures(spill.stale_dirs_removed(), spill.dir().parent(), &outputs);
-    if let Some(line) = stale.line().filter(|_| !plan.request.run.quiet) {
-        eprintln!("{line}");
-    }
+    let spill = spill_manager(
+        &plan.spill,
+        &plan.request.output,
+        interrupt,
+        plan.request.run.quiet,
+        stale,
+    )?;
     let join = plan.builder.clone().with_spill_manager(spill).build()?;
     let writer = plan.request.output.create(&plan.schema)?;
     if let Some(temp) = writer.temporary_path() {
         interrupt.remove_on_forced_exit(temp.to_path_buf());
     }
     Ok((join, writer))
+}
+
+/// A spill manager: its private directory under `config`'s root (removed if a
+/// signal forces an exit), with the stale directories of killed runs there
+/// removed, and the orphaned temporary files of `output` removed; what was removed
+/// goes into `stale` and, unless `quiet`, is told on stderr.
+///
+/// # Errors
+/// The spill directory cannot be created.
+pub fn spill_manager(
+    config: &SpillConfig,
+    output: &OutputSpec,
+    interrupt: &Interrupt,
+    quiet: bool,
+    stale: &mut StaleRemoved,
+) -> Result<SpillManager> {
+    let spill = SpillManager::new(config.clone())?;
+    interrupt.remove_on_forced_exit(spill.dir().to_path_buf());
+    let outputs = output.remove_stale_temporaries();
+    *stale = StaleRemoved::of(spill.stale_dirs_removed(), &outputs);
+    super::stale::warn_failures(spill.stale_dirs_removed(), spill.dir().parent(), &outputs);
+    if let Some(line) = stale.line().filter(|_| !quiet) {
+        eprintln!("{line}");
+    }
+    Ok(spill)
 }
 
 /// What the probe scan is to skip, if pushdown applies: it learns the build's facts
@@ -370,23 +410,27 @@ const MIN_READ_ROWS: usize = 128;
 const BUILD_READ_ROWS: usize = 64 * 1024;
 
 /// Fails if a signal came.
-fn interrupted(interrupt: &Interrupt) -> Result<()> {
+pub fn interrupted(interrupt: &Interrupt) -> Result<()> {
     match interrupt.signal() {
         Some(signal) => Err(anyhow::anyhow!("stopped by {}", signal_name(signal))),
         None => Ok(()),
     }
 }
 
-/// Writes (or counts) every output batch, under `schema`'s column names if given.
-fn write_all(
-    stream: &mut JoinStream,
+/// Writes (or counts) every output batch of `batches`, under `schema` (its column
+/// names, its nullability) if given and the batch's differs.
+pub fn write_all<E>(
+    batches: impl Iterator<Item = Result<RecordBatch, E>>,
     writer: &mut OutputWriter,
     schema: Option<&SchemaRef>,
     rows: &mut u64,
-) -> Result<()> {
-    for batch in stream.by_ref() {
+) -> Result<()>
+where
+    anyhow::Error: From<E>,
+{
+    for batch in batches {
         let mut batch = batch?;
-        if let Some(schema) = schema {
+        if let Some(schema) = schema.filter(|s| **s != batch.schema()) {
             batch = RecordBatch::try_new(Arc::clone(schema), batch.columns().to_vec())?;
         }
         writer.write(&batch)?;
@@ -397,7 +441,7 @@ fn write_all(
 
 /// Whether `e` is a write to a stdout whose reader has gone (`spilljoin ... | head`):
 /// not a failure, only the end of the output.
-fn stdout_closed(e: &anyhow::Error, output: &OutputSpec) -> bool {
+pub fn stdout_closed(e: &anyhow::Error, output: &OutputSpec) -> bool {
     output.is_stdout()
         && e.chain().any(|c| {
             c.downcast_ref::<std::io::Error>()

@@ -1,4 +1,5 @@
-//! Ctrl-C, SIGTERM and SIGHUP: stop the join, clean up, exit 128 + the signal.
+//! Ctrl-C, SIGTERM and SIGHUP: stop the join (or the query), clean up, exit 128 +
+//! the signal.
 //!
 //! ```text
 //!  signal ──► watcher thread ──► remember the signal ──► CancelHandle::cancel()
@@ -11,6 +12,10 @@
 //!                └─ a second signal, or no exit within GRACE: remove the registered
 //!                   paths (spill directory, temporary output) and exit at once
 //! ```
+//!
+//! `sql` cancels differently: its canceller wakes the main thread, which stops
+//! polling the query and drops its stream; DataFusion's tasks and the joins inside
+//! it stop and remove their spill files as they are dropped.
 //!
 //! The forced path exists for a main thread blocked where it cannot see the cancel
 //! (a read from a pipe that never ends, a write to a stdout nobody reads).
@@ -33,10 +38,14 @@ const GRACE: Duration = Duration::from_secs(10);
 struct Shared {
     /// The signal received, 0 if none.
     signal: AtomicI32,
-    cancel: Mutex<Option<CancelHandle>>,
+    /// What stops the running work (a join's cancel handle, a query's stream).
+    cancel: Mutex<Option<Canceller>>,
     /// Files and directories to remove if the process has to exit without unwinding.
     cleanup: Mutex<Vec<PathBuf>>,
 }
+
+/// Stops the running work; called once, from the watcher thread.
+type Canceller = Box<dyn Fn() + Send>;
 
 /// The process's interrupt state. Cheap to clone.
 #[derive(Clone, Default)]
@@ -67,7 +76,7 @@ impl Interrupt {
                         received = true;
                         shared.signal.store(signal, Ordering::SeqCst);
                         if let Some(cancel) = lock(&shared.cancel).as_ref() {
-                            cancel.cancel();
+                            cancel();
                         }
                         let shared = Arc::clone(&shared);
                         let _ = std::thread::Builder::new()
@@ -93,11 +102,17 @@ impl Interrupt {
     /// Cancels the join through `cancel` when a signal comes (at once if one came
     /// already).
     pub fn watch(&self, cancel: CancelHandle) {
+        self.on_signal(move || cancel.cancel());
+    }
+
+    /// Calls `cancel` when a signal comes (at once if one came already): it must
+    /// make the main thread stop its work soon, without blocking.
+    pub fn on_signal(&self, cancel: impl Fn() + Send + 'static) {
         let mut slot = lock(&self.shared.cancel);
         if self.signal().is_some() {
-            cancel.cancel();
+            cancel();
         }
-        *slot = Some(cancel);
+        *slot = Some(Box::new(cancel));
     }
 
     /// Removes `path` (a file or a directory) if the process must exit without

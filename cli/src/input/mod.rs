@@ -18,8 +18,11 @@
 //! on disk; CSV and NDJSON parse only those fields into arrays).
 
 mod ipc;
+mod locate;
 mod parquet;
 mod text;
+
+pub use locate::{locate, InputName};
 
 use std::collections::VecDeque;
 use std::path::{Path, PathBuf};
@@ -32,7 +35,7 @@ use arrow_schema::{ArrowError, DataType, Field, Schema, SchemaRef};
 use spilljoin::{InputStatistics, Side};
 
 use super::failure::Kind;
-use super::format::{CsvOptions, Format, EXTENSIONS};
+use super::format::{CsvOptions, Format};
 use super::pushdown::ProbePushdown;
 
 /// A stream of batches of one input.
@@ -140,11 +143,7 @@ impl Input {
     /// different schemas) and definition failures (an unknown format, a schema
     /// override for a typed format or naming a column that does not exist).
     pub fn open(side: Side, spec: &str, options: &InputOptions) -> Result<Self> {
-        let files = resolve_paths(side, spec, options.format)?;
-        let format = match options.format {
-            Some(f) => f,
-            None => detect_format(side, spec, &files)?,
-        };
+        let (files, format) = locate(InputName::Side(side), spec, options.format)?;
         if options.schema_override.is_some() && !format.is_text() {
             return Err(Kind::Definition.error(format!(
                 "--{side}-schema sets the column types of CSV and NDJSON inputs; {spec} is {format}, which has its own"
@@ -444,85 +443,6 @@ impl<I: Iterator<Item = Result<RecordBatch, ArrowError>>> Iterator for Counted<I
                 .fetch_add(batch.get_array_memory_size() as u64, Ordering::Relaxed);
         }
         Some(item)
-    }
-}
-
-/// The files `spec` names: itself if it is a file; the data files under it if it
-/// is a directory (hidden and `_`-prefixed names skipped, sorted); the files a glob
-/// matches, sorted.
-fn resolve_paths(side: Side, spec: &str, format: Option<Format>) -> Result<Vec<PathBuf>> {
-    let path = Path::new(spec);
-    match std::fs::metadata(path) {
-        Ok(meta) if meta.is_dir() => {
-            let mut files = Vec::new();
-            walk(path, &mut files)
-                .with_context(|| Kind::Input.context(format!("cannot list {spec}")))?;
-            let wanted = |p: &PathBuf| match format {
-                Some(f) => Format::from_path(p).is_none_or(|g| g == f),
-                None => Format::from_path(p).is_some(),
-            };
-            files.retain(wanted);
-            files.sort();
-            if files.is_empty() {
-                return Err(Kind::Input.error(format!(
-                    "the {side} input {spec} is a directory without data files ({EXTENSIONS})"
-                )));
-            }
-            Ok(files)
-        }
-        Ok(_) => Ok(vec![path.to_path_buf()]),
-        Err(_) if spec.contains(['*', '?', '[']) => {
-            let paths = glob::glob(spec)
-                .map_err(|e| Kind::Definition.error(format!("--{side} {spec}: {e}")))?;
-            let mut files: Vec<PathBuf> = paths
-                .filter_map(|p| p.ok())
-                .filter(|p| p.is_file())
-                .collect();
-            files.sort();
-            if files.is_empty() {
-                return Err(Kind::Input.error(format!("no files match the {side} input {spec}")));
-            }
-            Ok(files)
-        }
-        Err(e) => Err(anyhow::Error::new(e)
-            .context(Kind::Input.context(format!("cannot open the {side} input {spec}")))),
-    }
-}
-
-fn walk(dir: &Path, files: &mut Vec<PathBuf>) -> std::io::Result<()> {
-    for entry in std::fs::read_dir(dir)? {
-        let entry = entry?;
-        let name = entry.file_name();
-        let name = name.to_string_lossy();
-        if name.starts_with('.') || name.starts_with('_') {
-            continue;
-        }
-        let path = entry.path();
-        if entry.file_type()?.is_dir() {
-            walk(&path, files)?;
-        } else {
-            files.push(path);
-        }
-    }
-    Ok(())
-}
-
-/// The one format of `files`, from their extensions.
-fn detect_format(side: Side, spec: &str, files: &[PathBuf]) -> Result<Format> {
-    let mut found: Vec<Format> = files.iter().filter_map(|p| Format::from_path(p)).collect();
-    found.dedup();
-    match found.as_slice() {
-        [one] => Ok(*one),
-        [] => Err(Kind::Definition.error(format!(
-            "cannot tell the format of the {side} input {spec} from its extension: use {EXTENSIONS}, or --{side}-format"
-        ))),
-        several => {
-            let names: Vec<&str> = several.iter().map(|f| f.name()).collect();
-            Err(Kind::Definition.error(format!(
-                "the {side} input {spec} mixes formats ({}): choose one with --{side}-format",
-                names.join(", ")
-            )))
-        }
     }
 }
 

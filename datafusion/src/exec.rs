@@ -46,8 +46,8 @@ pub struct SpilljoinExec {
     hash: Arc<HashJoinExec>,
     definition: Arc<Definition>,
     metrics: ExecutionPlanMetricsSet,
-    /// The run all partitions of a `CollectLeft` join share, while partitions are
-    /// still to attach to it.
+    /// The run all partitions of a `CollectLeft` join share (held weakly: see
+    /// [`Shared`]).
     shared: Arc<Mutex<Shared>>,
 }
 
@@ -260,7 +260,7 @@ impl SpilljoinExec {
         partition: usize,
         partitions: usize,
         context: Arc<TaskContext>,
-    ) -> impl FnOnce() -> Result<Arc<Run>> + Send + 'static {
+    ) -> impl FnOnce() -> Result<Option<Arc<Run>>> + Send + 'static {
         let hash = Arc::clone(&self.hash);
         let definition = Arc::clone(&self.definition);
         let shared = Arc::clone(&self.shared);
@@ -271,10 +271,12 @@ impl SpilljoinExec {
                 Run::start(Arc::clone(&definition), join, inputs, report)
             };
             match hash.mode {
-                PartitionMode::CollectLeft => crate::execution::attach(&shared, partitions, || {
-                    let inputs = collect_left_inputs(&hash, &definition, &context)?;
-                    start(inputs, context.session_config().target_partitions())
-                }),
+                PartitionMode::CollectLeft => {
+                    crate::execution::attach(&shared, partition, partitions, || {
+                        let inputs = collect_left_inputs(&hash, &definition, &context)?;
+                        start(inputs, context.session_config().target_partitions())
+                    })
+                }
                 _ => {
                     let left = hash.left().execute(partition, Arc::clone(&context))?;
                     let right = hash.right().execute(partition, Arc::clone(&context))?;
@@ -288,7 +290,7 @@ impl SpilljoinExec {
                             right: vec![left],
                         },
                     };
-                    start(inputs, 1)
+                    start(inputs, 1).map(Some)
                 }
             }
         }
@@ -315,17 +317,21 @@ fn collect_left_inputs(
     })
 }
 
-/// One output partition's stream of a run: its batches, at most `fetch` rows.
+/// One output partition's stream of a run: its batches, at most `fetch` rows (none
+/// without a run: a `CollectLeft` run that gave all its output to other partitions).
 fn output_stream(
-    run: Arc<Run>,
+    run: Option<Arc<Run>>,
     baseline: BaselineMetrics,
     fetch: Option<usize>,
 ) -> futures::stream::BoxStream<'static, Result<arrow_array::RecordBatch>> {
     let remaining = fetch.unwrap_or(usize::MAX);
     futures::stream::unfold(
-        (Some(run), baseline, remaining),
+        (run, baseline, remaining),
         |(run, baseline, remaining)| async move {
-            let current = run?;
+            let Some(current) = run else {
+                baseline.done();
+                return None;
+            };
             let item = match remaining {
                 0 => None,
                 _ => current.next().await,

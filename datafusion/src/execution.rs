@@ -4,7 +4,8 @@
 //! settings; and the run that all partitions of a `CollectLeft` join share.
 
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, Weak};
 
 use datafusion::common::{DataFusionError, Result};
 use datafusion::execution::TaskContext;
@@ -93,37 +94,63 @@ fn temp_dir(disk: &Arc<datafusion::execution::disk_manager::DiskManager>) -> Res
     Ok(dir.unwrap_or_else(std::env::temp_dir))
 }
 
-/// The run of a `CollectLeft` join, shared by its output partitions: the first
-/// partition to start it holds it here until every partition has attached, so a
-/// partition that starts after another has finished still reads the same run.
+/// The run of a `CollectLeft` join, shared by its output partitions.
+///
+/// The first partition to attach starts it; the others attach to the same run while
+/// it lives. Only the partitions' streams hold it (here it is weak), so when every
+/// stream that attached has been dropped the join stops and frees its memory and
+/// files at once, even if some partitions never started. A partition that attaches
+/// after the run has ended gets no rows if the run delivered all its output (other
+/// partitions took it) and an error if it stopped early; a partition that attaches
+/// a second time starts a new execution.
 #[derive(Default)]
 pub(crate) struct Shared {
-    run: Option<Arc<Run>>,
-    attached: usize,
+    run: Weak<Run>,
+    /// Whether the current run delivered all of its output.
+    completed: Option<Arc<AtomicBool>>,
+    /// The partitions attached to the current run.
+    attached: Vec<bool>,
 }
 
-/// Partition's share of the run, started by `start` if this is the first.
+/// Partition `partition`'s share of the run, started by `start` if this is the
+/// first partition of an execution; `None` when the run has delivered all of its
+/// output to other partitions.
+///
+/// # Errors
+/// `start`'s; the run stopped early (a dropped stream, an error) before this
+/// partition attached.
 pub(crate) fn attach(
     shared: &Mutex<Shared>,
+    partition: usize,
     partitions: usize,
     start: impl FnOnce() -> Result<Arc<Run>>,
-) -> Result<Arc<Run>> {
+) -> Result<Option<Arc<Run>>> {
     let mut slot = shared
         .lock()
         .map_err(|_| DataFusionError::Internal("SpilljoinExec: a poisoned lock".into()))?;
-    let run = match &slot.run {
-        Some(run) => Arc::clone(run),
-        None => {
-            let run = start()?;
-            slot.run = Some(Arc::clone(&run));
-            slot.attached = 0;
-            run
-        }
-    };
-    slot.attached += 1;
-    if slot.attached >= partitions {
-        // Every partition holds it: the last one to finish ends the run.
-        slot.run = None;
+    let new_execution = slot.attached.len() != partitions || slot.attached[partition];
+    if new_execution {
+        let run = start()?;
+        slot.attached = vec![false; partitions];
+        slot.attached[partition] = true;
+        slot.run = Arc::downgrade(&run);
+        slot.completed = Some(run.completed());
+        return Ok(Some(run));
     }
-    Ok(run)
+    slot.attached[partition] = true;
+    if let Some(run) = slot.run.upgrade() {
+        return Ok(Some(run));
+    }
+    match slot
+        .completed
+        .as_ref()
+        .is_some_and(|c| c.load(Ordering::Acquire))
+    {
+        true => Ok(None),
+        false => Err(DataFusionError::Execution(format!(
+            "SpilljoinExec: the CollectLeft join that partition {partition} shares stopped \
+             before the partition started (its other partitions' streams were dropped or \
+             failed)"
+        ))),
+    }
 }

@@ -17,6 +17,7 @@
 //! stream last. When the drop returns the join's reservation is freed and its spill
 //! files are gone.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
@@ -44,6 +45,8 @@ pub(crate) struct Run {
     stop: watch::Sender<bool>,
     inputs: std::sync::Mutex<Vec<SpawnedTask<()>>>,
     pump: std::sync::Mutex<Option<JoinHandle<()>>>,
+    /// Set when the engine's stream has ended and every batch went into the channel.
+    completed: Arc<AtomicBool>,
 }
 
 /// The input streams of one execution, in the engine's terms (left and right).
@@ -85,9 +88,11 @@ impl Run {
             .map_err(to_datafusion)?;
         let cancel = stream.cancel_handle();
         let (sender, receiver) = mpsc::channel(OUTPUT_CHANNEL_BATCHES);
+        let completed = Arc::new(AtomicBool::new(false));
+        let done = Arc::clone(&completed);
         let pump = std::thread::Builder::new()
             .name("spilljoin-output".into())
-            .spawn(move || pump(stream, join, definition, sender, report))
+            .spawn(move || pump(stream, join, definition, sender, report, &done))
             .map_err(|e| datafusion::common::DataFusionError::External(Box::new(e)))?;
         Ok(Arc::new(Run {
             output: Mutex::new(Some(receiver)),
@@ -95,7 +100,13 @@ impl Run {
             stop,
             inputs: std::sync::Mutex::new(tasks),
             pump: std::sync::Mutex::new(Some(pump)),
+            completed,
         }))
+    }
+
+    /// Set once the join has put all of its output into the channel.
+    pub(crate) fn completed(&self) -> Arc<AtomicBool> {
+        Arc::clone(&self.completed)
     }
 
     /// The next output batch; `None` when the join has ended (or is ending).
@@ -132,17 +143,23 @@ fn pump(
     definition: Arc<Definition>,
     sender: mpsc::Sender<Result<RecordBatch>>,
     report: Report,
+    completed: &AtomicBool,
 ) {
     let started = std::time::Instant::now();
+    let mut all_sent = true;
     while let Some(item) = stream.next() {
         let item = item
             .map_err(to_datafusion)
             .and_then(|batch| definition.output_batch(batch));
         let failed = item.is_err();
         if sender.blocking_send(item).is_err() || failed {
+            all_sent = false;
             break;
         }
     }
+    // Before the channel closes: a partition that attaches once the run is gone
+    // must know whether its output is all out.
+    completed.store(all_sent, Ordering::Release);
     let metrics: JoinMetrics = stream.metrics();
     drop(stream);
     drop(join);

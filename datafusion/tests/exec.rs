@@ -2,16 +2,19 @@
 //! name, dropping a stream frees everything before the drop returns, and several
 //! joins of one plan spill inside one small pool.
 
+use std::num::NonZeroUsize;
 use std::path::Path;
 use std::sync::Arc;
 
 use datafusion::arrow::array::RecordBatch;
 use datafusion::arrow::util::pretty::pretty_format_batches;
 use datafusion::execution::disk_manager::{DiskManagerBuilder, DiskManagerMode};
-use datafusion::execution::memory_pool::{FairSpillPool, GreedyMemoryPool, MemoryPool};
+use datafusion::execution::memory_pool::{
+    FairSpillPool, GreedyMemoryPool, MemoryPool, TrackConsumersPool,
+};
 use datafusion::execution::runtime_env::RuntimeEnvBuilder;
 use datafusion::execution::session_state::SessionStateBuilder;
-use datafusion::physical_plan::{collect, execute_stream, ExecutionPlan};
+use datafusion::physical_plan::{collect, ExecutionPlan};
 use datafusion::prelude::{SessionConfig, SessionContext};
 use futures::StreamExt;
 use spilljoin_datafusion::SpilljoinExec;
@@ -24,13 +27,15 @@ struct Session {
 /// A session of 2 partitions over `pool`, spilling under `dir`, with or without the
 /// rule, with tables `a` (100,000 rows) and `b`, `c` (20,000 rows).
 async fn session(rule: bool, pool: Arc<dyn MemoryPool>, dir: &Path, force: bool) -> Session {
-    let mut config = spilljoin_datafusion::with_spilljoin_config(
-        SessionConfig::new().with_target_partitions(2),
-    );
+    let mut config =
+        spilljoin_datafusion::with_spilljoin_config(SessionConfig::new().with_target_partitions(2));
     let options = config.options_mut();
     // Dynamic filters would differ between the plans compared below.
     options
-        .set("datafusion.optimizer.enable_join_dynamic_filter_pushdown", "false")
+        .set(
+            "datafusion.optimizer.enable_join_dynamic_filter_pushdown",
+            "false",
+        )
         .unwrap();
     if force {
         options.set("spilljoin.force_spill", "1").unwrap();
@@ -65,12 +70,22 @@ fn unbounded() -> Arc<dyn MemoryPool> {
 }
 
 async fn plan(s: &Session, sql: &str) -> Arc<dyn ExecutionPlan> {
-    s.ctx.sql(sql).await.unwrap().create_physical_plan().await.unwrap()
+    s.ctx
+        .sql(sql)
+        .await
+        .unwrap()
+        .create_physical_plan()
+        .await
+        .unwrap()
 }
 
 fn count_nodes(plan: &Arc<dyn ExecutionPlan>, name: &str) -> usize {
     let here = usize::from(plan.name() == name);
-    here + plan.children().iter().map(|c| count_nodes(c, name)).sum::<usize>()
+    here + plan
+        .children()
+        .iter()
+        .map(|c| count_nodes(c, name))
+        .sum::<usize>()
 }
 
 fn sorted_rows(batches: &[RecordBatch]) -> Vec<String> {
@@ -80,7 +95,8 @@ fn sorted_rows(batches: &[RecordBatch]) -> Vec<String> {
     rows
 }
 
-const TWO_JOINS: &str = "SELECT a.k, a.s, b.w, c.t FROM a JOIN b ON a.k = b.k JOIN c ON b.j = c.j WHERE a.v % 10 = 0";
+const TWO_JOINS: &str =
+    "SELECT a.k, a.s, b.w, c.t FROM a JOIN b ON a.k = b.k JOIN c ON b.j = c.j WHERE a.v % 10 = 0";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_rule_changes_only_the_joins_name() {
@@ -120,23 +136,97 @@ async fn the_rule_changes_only_the_joins_name() {
     }
 }
 
+/// Dropping a join's output streams frees its reservation and removes its spill
+/// files before the drop returns. The streams are the join's own: a stream from
+/// `execute_stream` over several partitions is a `CoalescePartitionsExec`'s, whose
+/// tasks (and the join streams they hold) tokio drops later, on its own threads.
+/// The operators feeding the join (repartitions) end the same way, so the whole pool
+/// is only required to reach zero soon after.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dropping_the_stream_frees_memory_and_files_at_once() {
     let dir = tempfile::tempdir().unwrap();
-    let pool: Arc<dyn MemoryPool> = Arc::new(FairSpillPool::new(64 << 20));
+    let tracked = Arc::new(TrackConsumersPool::new(
+        FairSpillPool::new(64 << 20),
+        NonZeroUsize::new(8).unwrap(),
+    ));
+    let pool: Arc<dyn MemoryPool> = Arc::clone(&tracked) as _;
     let s = session(true, pool, dir.path(), true).await;
     let sql = "SELECT a.s, b.w FROM a JOIN b ON a.k = b.k";
-    for _ in 0..3 {
+    for (mode, round) in [
+        ("CollectLeft", 0),
+        ("CollectLeft", 1),
+        ("Partitioned", 0),
+        ("Partitioned", 1),
+    ] {
+        if mode == "Partitioned" && round == 0 {
+            for setting in [
+                "hash_join_single_partition_threshold",
+                "hash_join_single_partition_threshold_rows",
+            ] {
+                let set = format!("SET datafusion.optimizer.{setting} = 0");
+                s.ctx.sql(&set).await.unwrap().collect().await.unwrap();
+            }
+        }
         let plan = plan(&s, sql).await;
-        let mut stream = execute_stream(Arc::clone(&plan), s.ctx.task_ctx()).unwrap();
-        let first = stream.next().await.unwrap().unwrap();
+        let join = find_join(&plan).expect("a SpilljoinExec");
+        let shown = datafusion::physical_plan::displayable(join.as_ref())
+            .one_line()
+            .to_string();
+        assert!(shown.contains(&format!("mode={mode}")), "{shown}");
+        let partitions = join.properties().output_partitioning().partition_count();
+        let mut streams: Vec<_> = (0..partitions)
+            .map(|p| join.execute(p, s.ctx.task_ctx()).unwrap())
+            .collect();
+        let first = streams[0].next().await.unwrap().unwrap();
         assert!(first.num_rows() > 0);
-        assert!(s.pool.reserved() > 0, "the join holds memory while it runs");
-        drop(stream);
-        assert_eq!(s.pool.reserved(), 0, "the drop freed the join's memory");
-        assert_eq!(spill_files(dir.path()), 0, "the drop removed the spill files");
-        drop(plan);
+        // The join's consumer is registered while it runs (its reservation may be
+        // empty for a moment, between two spilled pairs) and has held memory.
+        let (consumers, _, peak) = join_consumers(&tracked);
+        assert!(
+            consumers > 0 && peak > 0,
+            "{mode} {round}: {}",
+            tracked.report_top(8)
+        );
+        assert!(
+            spill_files(dir.path()) > 0,
+            "{mode} {round}: the join spilled (forced)"
+        );
+        drop(streams);
+        assert_eq!(
+            join_consumers(&tracked),
+            (0, 0, 0),
+            "{mode} {round}: the drop freed the join's memory"
+        );
+        assert_eq!(
+            spill_files(dir.path()),
+            0,
+            "the drop removed the spill files"
+        );
+        drop((join, plan));
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while s.pool.reserved() > 0 && std::time::Instant::now() < deadline {
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+        assert_eq!(s.pool.reserved(), 0, "{}", tracked.report_top(8));
     }
+}
+
+/// The first `SpilljoinExec` in `plan`, depth first.
+fn find_join(plan: &Arc<dyn ExecutionPlan>) -> Option<Arc<dyn ExecutionPlan>> {
+    if plan.downcast_ref::<SpilljoinExec>().is_some() {
+        return Some(Arc::clone(plan));
+    }
+    plan.children().into_iter().find_map(find_join)
+}
+
+/// The session's spilljoin consumers now: how many, their bytes, their peak bytes.
+fn join_consumers(pool: &TrackConsumersPool<FairSpillPool>) -> (usize, usize, usize) {
+    pool.metrics()
+        .iter()
+        .filter(|c| c.name.starts_with("SpilljoinExec"))
+        .fold((0, 0, 0), |(n, bytes, peak), c| {
+            (n + 1, bytes + c.reserved, peak.max(c.peak))
+        })
 }
 
 /// Files under `dir` (DataFusion's temp directories hold spilljoin's).
@@ -164,9 +254,18 @@ fn walk(dir: &Path) -> Vec<std::path::PathBuf> {
 async fn two_joins_spill_inside_one_small_pool() {
     let dir = tempfile::tempdir().unwrap();
     let reference = session(false, unbounded(), dir.path(), false).await;
-    let expected = sorted_rows(&reference.ctx.sql(TWO_JOINS).await.unwrap().collect().await.unwrap());
+    let expected = sorted_rows(
+        &reference
+            .ctx
+            .sql(TWO_JOINS)
+            .await
+            .unwrap()
+            .collect()
+            .await
+            .unwrap(),
+    );
     assert!(expected.len() > 1000);
-    let limit = 3 << 20;
+    let limit = 1 << 20;
     let pool: Arc<dyn MemoryPool> = Arc::new(FairSpillPool::new(limit));
     let s = session(true, Arc::clone(&pool), dir.path(), false).await;
     let plan = plan(&s, TWO_JOINS).await;
@@ -175,7 +274,10 @@ async fn two_joins_spill_inside_one_small_pool() {
     assert_eq!(sorted_rows(&out), expected);
     let spilled = joins_spilled(&plan);
     assert_eq!(spilled.len(), 2);
-    assert!(spilled.iter().all(|&b| b > 0), "both joins spilled: {spilled:?}");
+    assert!(
+        spilled.iter().all(|&b| b > 0),
+        "both joins spilled: {spilled:?}"
+    );
     assert_eq!(pool.reserved(), 0);
     assert_eq!(spill_files(dir.path()), 0);
 }

@@ -5,18 +5,28 @@
 //!  spilljoin reservations (tables, partition buffers, output pieces, ...)
 //!        │ try_grow / grow / shrink
 //!        ▼
-//!  DataFusionPool ── one DataFusion MemoryReservation per join execution,
-//!        │           registered as "SpilljoinExec[partition]" with can_spill = true
+//!  DataFusionPool ── two DataFusion MemoryReservations per join execution: what can
+//!        │           spill, and the working set (below)
 //!        ▼
 //!  the session's DataFusion pool (greedy, fair spill, tracked, ...), shared with
 //!  sorts, aggregates and every other join of the plan
 //! ```
 //!
 //! A join's own consumers are many (one per partition buffer, table, output gate);
-//! DataFusion sees them as one spilling consumer per execution. That is what its fair
-//! pool needs to share fairly: a join that spills gets the same share as a sort that
-//! spills, whatever number of buffers it keeps inside. When DataFusion refuses, the
-//! join spills — a refusal is the only signal it uses.
+//! DataFusion sees two per execution, as it sees a sort's (`ExternalSorter` and
+//! `ExternalSorterMerge`):
+//! - `SpilljoinExec[p]`, registered with `can_spill = true`, holds what the join can
+//!   write to disk when refused: the build side's partitions and the fallback's
+//!   chunks. A fair spill pool gives it a fair share beside sorts and aggregates that
+//!   spill.
+//! - `SpilljoinExec[p] working set`, with `can_spill = false`, holds what the join
+//!   needs to make progress at all: probe workers' batches and buffers, output
+//!   batches, spilled pairs being read. A fair pool serves it before any spilling
+//!   consumer's share, as it serves a sort's merge buffers.
+//!
+//! Without the split, a plan of many joins under a fair pool left each join a share
+//! smaller than its working set, and joins failed that spilling would have saved.
+//! When DataFusion refuses, the join spills: a refusal is the only signal it uses.
 
 use std::fmt;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -30,10 +40,12 @@ use spilljoin::memory::{MemoryError, MemoryLimit, MemoryPool, MemoryReservation}
 
 /// A spilljoin [`MemoryPool`] that reserves from a DataFusion pool.
 ///
-/// Every byte one join execution reserves goes through a single DataFusion
-/// reservation that can spill; dropping the pool (with the join) frees it.
+/// Every byte one join execution reserves goes through one of its two DataFusion
+/// reservations, chosen by the spilljoin consumer's `can_spill` (see the module
+/// docs); dropping the pool (with the join) frees both.
 pub struct DataFusionPool {
-    reservation: DfReservation,
+    spilling: DfReservation,
+    working: DfReservation,
     limit: MemoryLimit,
     /// The bytes spilljoin's reservations hold now (the DataFusion reservation holds
     /// the same number; kept apart so that `reserved` needs no lock).
@@ -44,28 +56,39 @@ impl DataFusionPool {
     /// A pool for one join execution named `name` (DataFusion's error messages and
     /// consumer listings show it), reserving from `pool`.
     pub fn new(name: impl Into<String>, pool: &Arc<dyn DfPool>) -> Self {
-        let reservation = DfConsumer::new(name).with_can_spill(true).register(pool);
+        let name = name.into();
+        let working = DfConsumer::new(format!("{name} working set")).register(pool);
+        let spilling = DfConsumer::new(name).with_can_spill(true).register(pool);
         let limit = match pool.memory_limit() {
             DfLimit::Finite(bytes) => MemoryLimit::Finite(bytes),
             DfLimit::Infinite | DfLimit::Unknown => MemoryLimit::Infinite,
         };
         Self {
-            reservation,
+            spilling,
+            working,
             limit,
             reserved: AtomicUsize::new(0),
         }
     }
 
-    /// The bytes DataFusion's reservation for this join holds now.
+    /// The bytes DataFusion's reservations for this join hold now.
     pub fn datafusion_reserved(&self) -> usize {
-        self.reservation.size()
+        self.spilling.size() + self.working.size()
+    }
+
+    /// The DataFusion reservation that `reservation`'s bytes go to.
+    fn of(&self, reservation: &MemoryReservation) -> &DfReservation {
+        match reservation.consumer().can_spill() {
+            true => &self.spilling,
+            false => &self.working,
+        }
     }
 }
 
 impl fmt::Debug for DataFusionPool {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("DataFusionPool")
-            .field("consumer", &self.reservation.consumer().name())
+            .field("consumer", &self.spilling.consumer().name())
             .field("reserved", &self.reserved.load(Ordering::Relaxed))
             .field("limit", &self.limit)
             .finish()
@@ -73,13 +96,13 @@ impl fmt::Debug for DataFusionPool {
 }
 
 impl MemoryPool for DataFusionPool {
-    fn grow(&self, _reservation: &MemoryReservation, additional: usize) {
-        self.reservation.grow(additional);
+    fn grow(&self, reservation: &MemoryReservation, additional: usize) {
+        self.of(reservation).grow(additional);
         self.reserved.fetch_add(additional, Ordering::Relaxed);
     }
 
-    fn shrink(&self, _reservation: &MemoryReservation, shrink: usize) {
-        self.reservation.shrink(shrink);
+    fn shrink(&self, reservation: &MemoryReservation, shrink: usize) {
+        self.of(reservation).shrink(shrink);
         self.reserved.fetch_sub(shrink, Ordering::Relaxed);
     }
 
@@ -88,7 +111,8 @@ impl MemoryPool for DataFusionPool {
         reservation: &MemoryReservation,
         additional: usize,
     ) -> Result<(), MemoryError> {
-        match self.reservation.try_grow(additional) {
+        let target = self.of(reservation);
+        match target.try_grow(additional) {
             Ok(()) => {
                 self.reserved.fetch_add(additional, Ordering::Relaxed);
                 Ok(())
@@ -97,7 +121,7 @@ impl MemoryPool for DataFusionPool {
                 consumer: format!(
                     "{} ({})",
                     reservation.consumer().name(),
-                    self.reservation.consumer().name()
+                    target.consumer().name()
                 ),
                 requested_bytes: additional,
                 available_bytes: 0,
@@ -146,13 +170,40 @@ mod tests {
         let df: Arc<dyn DfPool> = Arc::new(FairSpillPool::new(1000));
         let one: Arc<dyn MemoryPool> = Arc::new(DataFusionPool::new("one", &df));
         let two: Arc<dyn MemoryPool> = Arc::new(DataFusionPool::new("two", &df));
-        let mut a = MemoryConsumer::new("a").register(&one);
-        let mut b = MemoryConsumer::new("b").register(&two);
+        let spilling = |name| MemoryConsumer::new(name).with_can_spill(true);
+        let mut a = spilling("a").register(&one);
+        let mut b = spilling("b").register(&two);
         // Two spilling consumers: each may have half.
         assert!(a.try_grow(600).is_err());
         a.try_grow(500).unwrap();
         b.try_grow(500).unwrap();
         assert!(b.try_grow(1).is_err());
         assert_eq!(one.limit(), MemoryLimit::Finite(1000));
+    }
+
+    #[test]
+    fn the_working_set_is_served_before_spilling_shares() {
+        let df: Arc<dyn DfPool> = Arc::new(FairSpillPool::new(1000));
+        let one: Arc<dyn MemoryPool> = Arc::new(DataFusionPool::new("one", &df));
+        let two: Arc<dyn MemoryPool> = Arc::new(DataFusionPool::new("two", &df));
+        let mut probe = MemoryConsumer::new("probe").register(&one);
+        let mut build = MemoryConsumer::new("build")
+            .with_can_spill(true)
+            .register(&one);
+        let mut other = MemoryConsumer::new("build")
+            .with_can_spill(true)
+            .register(&two);
+        // The working set takes what no spilling consumer holds, past a fair share.
+        probe.try_grow(700).unwrap();
+        // The spilling consumers share what is left: 150 bytes each.
+        assert!(build.try_grow(151).is_err());
+        build.try_grow(150).unwrap();
+        other.try_grow(150).unwrap();
+        assert_eq!(
+            (one.reserved(), two.reserved(), df.reserved()),
+            (850, 150, 1000)
+        );
+        drop((probe, build, other));
+        assert_eq!(df.reserved(), 0);
     }
 }

@@ -14,7 +14,7 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 
-use spilljoin_memory::MemoryReservation;
+use spilljoin_memory::{MemoryConsumer, MemoryReservation};
 
 use super::built::{BuiltSide, Partition, SpilledPartition, Unmatchable};
 use super::collector::{BuildCollector, PartitionBuffer};
@@ -123,7 +123,10 @@ impl BuildCollector<'_> {
             self.largest_batch_bytes.load(Ordering::Relaxed) / plan.work_rows.max(1);
         let workers =
             (per_worker * plan.threads + output_headroom(plan, build_row_bytes)).min(limit / 2);
-        let mut headroom_reservation = self.base.new_empty();
+        // The probe's working set, not build rows that could spill: a pool that
+        // shares among spilling consumers (DataFusion's fair pool) serves it first.
+        let mut headroom_reservation =
+            MemoryConsumer::new("spilljoin probe headroom").register(&plan.pool);
         // The buffers are worth spilling build rows for, not failing for: near the
         // floor, where everything is spilled and still does not leave room for them,
         // the workers' part alone is reserved. (Only a refusal of the memory falls
@@ -149,7 +152,9 @@ impl BuildCollector<'_> {
     /// largest `threads` of these; otherwise one at a time, with room for one.
     fn reserve_finish_transients(&self) -> Result<(usize, MemoryReservation)> {
         let plan = self.plan();
-        let mut concat_reservation = self.base.new_empty();
+        // Working memory of the finish, which cannot be spilled (see the headroom).
+        let mut concat_reservation =
+            MemoryConsumer::new("spilljoin build finish").register(&plan.pool);
         let finish_threads = loop {
             let mut largest: Vec<usize> = lock(&self.state)
                 .partitions

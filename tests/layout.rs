@@ -15,7 +15,13 @@ const MAX_FILE_LINES: usize = 800;
 const MAX_FN_LINES: usize = 70;
 
 /// The workspace's library and binary sources (not tests, benches or examples).
-const SOURCE_DIRS: [&str; 5] = ["src", "memory/src", "spill/src", "cli/src", "datafusion/src"];
+const SOURCE_DIRS: [&str; 5] = [
+    "src",
+    "memory/src",
+    "spill/src",
+    "cli/src",
+    "datafusion/src",
+];
 
 fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
     let Ok(entries) = fs::read_dir(dir) else {

@@ -32,7 +32,7 @@ pub(crate) fn engine_join(
     settings.validate()?;
     let pool = Arc::new(DataFusionPool::new(
         format!("SpilljoinExec[{partition}]"),
-        &context.memory_pool(),
+        context.memory_pool(),
     ));
     let spill = spill_manager(context, &settings)?;
     let threads = match settings.threads {

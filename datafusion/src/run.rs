@@ -147,7 +147,7 @@ fn pump(
 ) {
     let started = std::time::Instant::now();
     let mut all_sent = true;
-    while let Some(item) = stream.next() {
+    for item in stream.by_ref() {
         let item = item
             .map_err(to_datafusion)
             .and_then(|batch| definition.output_batch(batch));

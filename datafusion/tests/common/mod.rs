@@ -279,10 +279,15 @@ fn cell_formatter<'a>(
     column: &'a ArrayRef,
     options: &'a FormatOptions<'a>,
 ) -> Box<dyn Fn(usize) -> String + 'a> {
-    let float = |value: f64| match value {
-        v if v == 0.0 => "0".to_owned(),
-        v if v.is_finite() => format!("{v:.8e}"),
-        v => v.to_string(),
+    // -0.0 and 0.0 print alike; finite values at 9 significant digits.
+    let float = |v: f64| {
+        if v == 0.0 {
+            "0".to_owned()
+        } else if v.is_finite() {
+            format!("{v:.8e}")
+        } else {
+            v.to_string()
+        }
     };
     match column.data_type() {
         DataType::Float64 => {

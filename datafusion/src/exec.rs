@@ -20,6 +20,7 @@
 //!   the rule leaves them to `HashJoinExec`.
 
 use std::fmt;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use datafusion::common::tree_node::TreeNodeRecursion;
@@ -49,6 +50,9 @@ pub struct SpilljoinExec {
     /// The run all partitions of a `CollectLeft` join share (held weakly: see
     /// [`Shared`]).
     shared: Arc<Mutex<Shared>>,
+    /// How many join executions of the plan share the memory pool (see
+    /// [`SpilljoinExec::set_pool_share`]).
+    pool_share: AtomicUsize,
 }
 
 impl SpilljoinExec {
@@ -67,7 +71,31 @@ impl SpilljoinExec {
             definition,
             metrics: ExecutionPlanMetricsSet::new(),
             shared: Arc::new(Mutex::new(Shared::default())),
+            pool_share: AtomicUsize::new(1),
         })
+    }
+
+    /// Plans each execution of this join for `1 / executions` of the memory pool's
+    /// limit: the executions of all the plan's joins, which run side by side and
+    /// each keep a working set for their probe. The pool still decides what each
+    /// holds; the share sizes what the engine sets aside (probe headroom, pieces,
+    /// output in flight). [`SpilljoinRule`](crate::SpilljoinRule) sets it.
+    pub fn set_pool_share(&self, executions: usize) {
+        self.pool_share.store(executions.max(1), Ordering::Relaxed);
+    }
+
+    /// The join executions that share the pool (1 unless the rule set it).
+    pub fn pool_share(&self) -> usize {
+        self.pool_share.load(Ordering::Relaxed)
+    }
+
+    /// The engine executions this join makes: one per output partition, or one for
+    /// all of them (`CollectLeft`).
+    pub fn executions(&self) -> usize {
+        match self.hash.mode {
+            PartitionMode::CollectLeft => 1,
+            _ => self.properties().output_partitioning().partition_count(),
+        }
     }
 
     /// The `HashJoinExec` this join executes.
@@ -77,10 +105,13 @@ impl SpilljoinExec {
 
     /// A spilling join for a new definition, or that definition itself when it is
     /// one the engine cannot run with its properties (the output stays correct).
-    fn rewrap(hash: HashJoinExec) -> Arc<dyn ExecutionPlan> {
+    fn rewrap(&self, hash: HashJoinExec) -> Arc<dyn ExecutionPlan> {
         let hash = Arc::new(hash);
         match Self::try_new(Arc::clone(&hash)) {
-            Ok(exec) => Arc::new(exec),
+            Ok(exec) => {
+                exec.set_pool_share(self.pool_share());
+                Arc::new(exec)
+            }
             Err(_) => hash,
         }
     }
@@ -180,7 +211,7 @@ impl ExecutionPlan for SpilljoinExec {
         ) {
             builder = builder.recompute_properties();
         }
-        Ok(Self::rewrap(builder.with_new_children(children)?.build()?))
+        Ok(self.rewrap(builder.with_new_children(children)?.build()?))
     }
 
     #[allow(deprecated)]
@@ -195,7 +226,7 @@ impl ExecutionPlan for SpilljoinExec {
     }
 
     fn reset_state(self: Arc<Self>) -> Result<Arc<dyn ExecutionPlan>> {
-        Ok(Self::rewrap(self.hash.builder().reset_state().build()?))
+        Ok(self.rewrap(self.hash.builder().reset_state().build()?))
     }
 
     fn execute(
@@ -249,7 +280,7 @@ impl ExecutionPlan for SpilljoinExec {
 
     fn with_fetch(&self, limit: Option<usize>) -> Option<Arc<dyn ExecutionPlan>> {
         let hash = self.hash.builder().with_fetch(limit).build().ok()?;
-        Some(Self::rewrap(hash))
+        Some(self.rewrap(hash))
     }
 }
 
@@ -265,9 +296,10 @@ impl SpilljoinExec {
         let definition = Arc::clone(&self.definition);
         let shared = Arc::clone(&self.shared);
         let report = crate::metrics::Report::new(&self.metrics, partition);
+        let share = self.pool_share();
         move || {
             let start = |inputs: Inputs, threads: usize| {
-                let join = engine_join(&definition, &context, partition, threads)?;
+                let join = engine_join(&definition, &context, partition, threads, share)?;
                 Run::start(Arc::clone(&definition), join, inputs, report)
             };
             match hash.mode {

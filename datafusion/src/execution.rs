@@ -18,7 +18,8 @@ use crate::run::Run;
 use crate::translate::Definition;
 use crate::DataFusionPool;
 
-/// The engine's join for one execution of `definition` in `context`.
+/// The engine's join for one execution of `definition` in `context`, planned for
+/// `1 / pool_share` of the pool's limit.
 ///
 /// # Errors
 /// A `spilljoin.*` setting out of range; the spill directory cannot be created.
@@ -27,13 +28,14 @@ pub(crate) fn engine_join(
     context: &TaskContext,
     partition: usize,
     default_threads: usize,
+    pool_share: usize,
 ) -> Result<HashJoin> {
     let settings = SpilljoinConfig::from_session(context.session_config().options());
     settings.validate()?;
-    let pool = Arc::new(DataFusionPool::new(
-        format!("SpilljoinExec[{partition}]"),
-        context.memory_pool(),
-    ));
+    let pool = Arc::new(
+        DataFusionPool::new(format!("SpilljoinExec[{partition}]"), context.memory_pool())
+            .with_share(pool_share),
+    );
     let spill = spill_manager(context, &settings)?;
     let threads = match settings.threads {
         0 => default_threads.max(1),

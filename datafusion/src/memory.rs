@@ -71,6 +71,18 @@ impl DataFusionPool {
         }
     }
 
+    /// Reports `1 / executions` of the DataFusion pool's limit as this pool's limit,
+    /// for a join whose plan runs `executions` join executions side by side: the
+    /// engine sizes what it sets aside by its limit, and the executions would
+    /// otherwise each set aside a share of the whole pool. Reservations still go to
+    /// the DataFusion pool, which alone refuses.
+    pub fn with_share(mut self, executions: usize) -> Self {
+        if let MemoryLimit::Finite(bytes) = self.limit {
+            self.limit = MemoryLimit::Finite(bytes / executions.max(1));
+        }
+        self
+    }
+
     /// The bytes DataFusion's reservations for this join hold now.
     pub fn datafusion_reserved(&self) -> usize {
         self.spilling.size() + self.working.size()

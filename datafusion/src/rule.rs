@@ -9,6 +9,10 @@
 //! engine's bloom filters instead, also for spilled partitions. Joins the engine
 //! cannot run with the same plan properties (see [`SpilljoinExec::try_new`]) stay
 //! `HashJoinExec`s.
+//!
+//! It also tells each join how many join executions share the pool
+//! ([`SpilljoinExec::set_pool_share`]): under a limit, each plans its working set for
+//! its share, not for the whole pool.
 
 use std::sync::Arc;
 
@@ -45,18 +49,25 @@ impl PhysicalOptimizerRule for SpilljoinRule {
         if !SpilljoinConfig::from_session(config).enabled {
             return Ok(plan);
         }
-        plan.transform_up(|node| {
-            let Some(hash) = node.downcast_ref::<HashJoinExec>() else {
-                return Ok(Transformed::no(node));
-            };
-            // The builder keeps every field of the node, its properties included.
-            let hash = Arc::new(hash.builder().build()?);
-            Ok(match SpilljoinExec::try_new(hash) {
-                Ok(exec) => Transformed::yes(Arc::new(exec) as Arc<dyn ExecutionPlan>),
-                Err(_) => Transformed::no(node),
+        let plan = plan
+            .transform_up(|node| {
+                let Some(hash) = node.downcast_ref::<HashJoinExec>() else {
+                    return Ok(Transformed::no(node));
+                };
+                // The builder keeps every field of the node, its properties included.
+                let hash = Arc::new(hash.builder().build()?);
+                Ok(match SpilljoinExec::try_new(hash) {
+                    Ok(exec) => Transformed::yes(Arc::new(exec) as Arc<dyn ExecutionPlan>),
+                    Err(_) => Transformed::no(node),
+                })
             })
-        })
-        .data()
+            .data()?;
+        let joins = spilling_joins(&plan);
+        let executions = joins.iter().map(|j| j.executions()).sum();
+        for join in joins {
+            join.set_pool_share(executions);
+        }
+        Ok(plan)
     }
 
     fn name(&self) -> &str {
@@ -66,6 +77,15 @@ impl PhysicalOptimizerRule for SpilljoinRule {
     fn schema_check(&self) -> bool {
         true
     }
+}
+
+/// Every [`SpilljoinExec`] in `plan`.
+fn spilling_joins(plan: &Arc<dyn ExecutionPlan>) -> Vec<&SpilljoinExec> {
+    let mut joins: Vec<&SpilljoinExec> = plan.downcast_ref::<SpilljoinExec>().into_iter().collect();
+    for child in plan.children() {
+        joins.extend(spilling_joins(child));
+    }
+    joins
 }
 
 /// DataFusion's default physical optimizer rules with [`SpilljoinRule`] in its place

@@ -128,6 +128,12 @@ async fn the_rule_changes_only_the_joins_name() {
             .to_string();
         assert_eq!(ours_text, stock_text, "{sql}");
         assert_eq!(ours.schema(), stock.schema(), "{sql}");
+        let joins = spilling_joins(&ours);
+        let executions: usize = joins.iter().map(|j| j.executions()).sum();
+        assert!(
+            joins.iter().all(|j| j.pool_share() == executions),
+            "{sql}: every join plans for its share of the pool, 1/{executions}"
+        );
         assert_eq!(
             format!("{:?}", ours.properties()),
             format!("{:?}", stock.properties()),
@@ -209,6 +215,15 @@ async fn dropping_the_stream_frees_memory_and_files_at_once() {
         }
         assert_eq!(s.pool.reserved(), 0, "{}", tracked.report_top(8));
     }
+}
+
+/// Every `SpilljoinExec` in `plan`.
+fn spilling_joins(plan: &Arc<dyn ExecutionPlan>) -> Vec<&SpilljoinExec> {
+    let mut joins: Vec<&SpilljoinExec> = plan.downcast_ref::<SpilljoinExec>().into_iter().collect();
+    for child in plan.children() {
+        joins.extend(spilling_joins(child));
+    }
+    joins
 }
 
 /// The first `SpilljoinExec` in `plan`, depth first.

@@ -12,7 +12,7 @@ use arrow_buffer::NullBuffer;
 use arrow_data::ArrayData;
 use arrow_schema::ArrowError;
 use arrow_select::take::take_record_batch;
-use spilljoin_memory::MemoryReservation;
+use spilljoin_memory::{MemoryConsumer, MemoryReservation};
 
 use super::collector::{BuildCollector, CollectorState};
 use crate::batches::{batch_bytes, lock, pieces, InputStreams};
@@ -54,7 +54,9 @@ impl BuildCollector<'_> {
         let plan = self.plan();
         let ctx = self.ctx;
         let mut scratch = CollectScratch {
-            mine: self.base.new_empty(),
+            // The batch in flight is working memory, not rows that can spill (see
+            // `add`): pools that share among spilling consumers serve it first.
+            mine: MemoryConsumer::new("spilljoin build side").register(&plan.pool),
             pending: self.base.new_empty(),
             hashes: Vec::new(),
             grouped: PartitionedRows::default(),
@@ -389,7 +391,10 @@ impl BuildCollector<'_> {
         let batch_size = self.plan().work_rows;
         let mut guard = lock(&self.state);
         let state = &mut *guard;
-        state.reservation.merge(mine.split(bytes));
+        // From the batch in flight to the partitions' rows, another consumer: grown
+        // there before it is given back here, so the pool never sees it unreserved.
+        state.reservation.grow(bytes);
+        mine.shrink(bytes);
         let part = match p {
             Some(p) => &mut state.partitions[p],
             None => &mut state.unmatchable,

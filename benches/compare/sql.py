@@ -4,7 +4,7 @@
     python3 benches/compare/sql.py --sf 1 --limits none,1GiB,256MiB,64MiB,16MiB
 
 - spilljoin: `target/release/spilljoin sql` (DataFusion 55.2 with SpilljoinRule).
-- datafusion: the same binary with `--no-spilljoin`: the same DataFusion version,
+- datafusion: the same binary with `SET spilljoin.enabled = false`: the same DataFusion version,
   configuration, pool (fair spill pool of the limit) and file reading, with its own
   HashJoinExec. The difference between the two columns is the join alone.
 - duckdb: DuckDB (Python package) with `memory_limit` and 2 threads.
@@ -59,7 +59,10 @@ def spilljoin_cmd(engine: str, query: Path, data: Path, limit: int | None, threa
     if limit is not None:
         cmd += ["--memory-limit", f"{limit}B"]
     if engine == "datafusion":
-        cmd.append("--no-spilljoin")
+        # The same binary and session with the rule off: stock HashJoinExec.
+        stock = scratch / query.name
+        stock.write_text("SET spilljoin.enabled = false;\n" + query.read_text())
+        query = stock
     return cmd + ["--file", str(query)]
 
 

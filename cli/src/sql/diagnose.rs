@@ -139,7 +139,8 @@ fn out_of_memory(message: &str, limits: Limits) -> anyhow::Error {
         ));
     };
     let operator = operator_of(refusal.consumer);
-    let not_join = if refusal.consumer.starts_with("SpilljoinExec") {
+    // Joins spilljoin did not replace are joins too: say only what the others are not.
+    let not_join = if refusal.consumer.starts_with("SpilljoinExec") || operator.contains(" join") {
         ""
     } else {
         ", not a join"
@@ -332,6 +333,21 @@ Error: Failed to allocate additional 10.0 MiB for ExternalSorterMerge[0] with 0.
         );
         assert!(line.contains("--memory-limit 4MiB"), "{line}");
         assert!(!line.contains('\n'));
+    }
+
+    #[test]
+    fn a_hash_join_spilljoin_left_is_called_a_join() {
+        let text = "Failed to allocate additional 511.2 KB for HashJoinInput[0] with 463.1 KB \
+                    already allocated for this reservation - 10.0 KB remain available for the \
+                    total memory pool: fair(pool_size: 2.0 MiB)";
+        let df = DataFusionError::ResourcesExhausted(text.into());
+        let line = one_line(&diagnose(anyhow::Error::new(df), limits()));
+        assert!(
+            line.starts_with(
+                "a hash join that spilljoin did not replace (HashJoinExec) ran out of memory: "
+            ),
+            "{line}"
+        );
     }
 
     #[test]

@@ -141,7 +141,6 @@
 
 #![warn(missing_docs)]
 
-mod compact;
 mod config;
 mod error;
 #[cfg(feature = "fault-injection")]
@@ -153,9 +152,9 @@ mod narrow;
 mod owner;
 mod quota;
 mod reader;
+mod views;
 mod writer;
 
-pub use compact::view_data_bytes;
 pub use config::{ParseSpillOptionError, SpillCompression, SpillConfig, SpillReadMode};
 pub use error::SpillError;
 #[cfg(feature = "fault-injection")]
@@ -168,6 +167,7 @@ pub use owner::{
     OWNER_FILE_NAME,
 };
 pub use reader::{read_spill_file, SpillReader, UNTRUSTED_DECODED_BYTES_MAX};
+pub use views::{view_data_bytes, VIEW_KEY};
 pub use writer::SpillWriter;
 
 #[cfg(test)]

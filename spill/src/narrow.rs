@@ -8,6 +8,8 @@
 //! - a decimal of at most 18 digits as `Int64` ([`file_schema`], the *wide* file
 //!   schema, which callers may also gather into directly), with the original type in
 //!   the field's metadata ([`NARROWED_KEY`]);
+//! - a view column (`Utf8View`, `BinaryView`) as offsets and data (`Utf8`,
+//!   `Binary`), marked with [`VIEW_KEY`] (see `crate::views`);
 //! - any column that is `Int64` in the wide file schema (an `Int64` input or such a
 //!   decimal) as `Int32` while every value of the batches written so far fits one.
 //!
@@ -33,6 +35,8 @@ use arrow_array::{
 };
 use arrow_schema::{ArrowError, DataType, Field, Schema, SchemaRef};
 
+use crate::views::VIEW_KEY;
+
 /// The field metadata key that marks a narrowed decimal (stored as `Int64` or
 /// `Int32`); its value is `precision,scale`.
 pub const NARROWED_KEY: &str = "spilljoin.spill.decimal128";
@@ -48,7 +52,7 @@ const ESCAPED: &str = "spilljoin.spill.escaped.";
 
 /// The schema a file of batches of `logical` is written in, as wide as it gets
 /// (`logical` itself when nothing narrows): decimals of at most 18 digits as
-/// `Int64`. A writer also takes batches already in it ([`crate::SpillWriter::write`]),
+/// `Int64`, view columns as offsets (`Utf8`, `Binary`). A writer also takes batches already in it ([`crate::SpillWriter::write`]),
 /// gathered narrow by the caller; it may write their `Int64` columns narrower still.
 pub fn file_schema(logical: &SchemaRef) -> SchemaRef {
     let escapes = |f: &Field| f.metadata().keys().any(|k| k.starts_with(PREFIX));
@@ -80,7 +84,13 @@ pub fn file_schema(logical: &SchemaRef) -> SchemaRef {
                     metadata.insert(NARROWED_KEY.to_owned(), format!("{p},{s}"));
                     DataType::Int64
                 }
-                other => other.clone(),
+                view => match crate::views::stored_type(view) {
+                    Some(stored) => {
+                        metadata.insert(VIEW_KEY.to_owned(), String::new());
+                        stored
+                    }
+                    None => view.clone(),
+                },
             };
             Field::new(f.name(), data_type, f.is_nullable()).with_metadata(metadata)
         })
@@ -183,6 +193,10 @@ pub(crate) fn logical_schema(file: &SchemaRef) -> Result<SchemaRef, ArrowError> 
                         ))
                     })?;
                 DataType::Decimal128(p, s)
+            } else if f.metadata().contains_key(VIEW_KEY) {
+                crate::views::view_type(stored).ok_or_else(|| {
+                    ArrowError::IpcError(format!("{VIEW_KEY} metadata on a {stored} column"))
+                })?
             } else if f.metadata().contains_key(INT64_KEY) {
                 if stored != &DataType::Int32 {
                     return Err(ArrowError::IpcError(format!(
@@ -196,7 +210,7 @@ pub(crate) fn logical_schema(file: &SchemaRef) -> Result<SchemaRef, ArrowError> 
             let metadata: HashMap<String, String> = f
                 .metadata()
                 .iter()
-                .filter(|(k, _)| k.as_str() != NARROWED_KEY && k.as_str() != INT64_KEY)
+                .filter(|(k, _)| ![NARROWED_KEY, INT64_KEY, VIEW_KEY].contains(&k.as_str()))
                 .map(|(k, v)| {
                     let k = k.strip_prefix(ESCAPED).unwrap_or(k);
                     (k.to_owned(), v.clone())
@@ -211,9 +225,11 @@ pub(crate) fn logical_schema(file: &SchemaRef) -> Result<SchemaRef, ArrowError> 
     )))
 }
 
-/// Whether a column of this type is written narrower in the wide file schema.
+/// Whether a column of this type is written narrower in the wide file schema: a
+/// decimal of at most 18 digits, or a view column (as offsets, `crate::views`).
 fn narrows(data_type: &DataType) -> bool {
     matches!(data_type, DataType::Decimal128(p, _) if *p <= 18)
+        || crate::views::stored_type(data_type).is_some()
 }
 
 /// `batch` (of the logical or the wide file schema, or of another segment's) in
@@ -242,6 +258,9 @@ pub(crate) fn narrow(batch: &RecordBatch, segment: &SchemaRef) -> Result<RecordB
                 let ints = column.as_primitive::<Int32Type>();
                 let widened: Int64Array = ints.unary(i64::from);
                 Ok(Arc::new(widened))
+            }
+            (DataType::Utf8, DataType::Utf8View) | (DataType::Binary, DataType::BinaryView) => {
+                crate::views::to_offsets(column)
             }
             (DataType::Int64, DataType::Decimal128(..)) => {
                 let decimals = column.as_primitive::<Decimal128Type>();
@@ -281,6 +300,10 @@ pub(crate) fn widen(batch: &RecordBatch, logical: &SchemaRef) -> Result<RecordBa
                 let ints = column.as_primitive::<Int32Type>();
                 let widened: Int64Array = ints.unary(i64::from);
                 Ok(Arc::new(widened))
+            }
+            (view @ DataType::Utf8View, DataType::Utf8)
+            | (view @ DataType::BinaryView, DataType::Binary) => {
+                crate::views::to_views(column, view)
             }
             _ => Ok(Arc::clone(column)),
         }

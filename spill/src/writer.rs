@@ -371,6 +371,13 @@ impl SpillWriter {
     /// is unusable afterwards ([`SpillError::WriterFailed`]).
     pub fn write(&mut self, batch: &RecordBatch) -> Result<(), SpillError> {
         self.check_usable()?;
+        // A view column is written as offsets (`crate::views`), which address 2 GiB
+        // of values a batch: a batch of more is written in slices.
+        if batch.num_rows() > 1 && self.too_many_view_bytes(batch) {
+            let half = batch.num_rows() / 2;
+            self.write(&batch.slice(0, half))?;
+            return self.write(&batch.slice(half, batch.num_rows() - half));
+        }
         let found = batch.schema_ref();
         if !self.takes(found) {
             return Err(SpillError::SchemaMismatch {
@@ -395,6 +402,18 @@ impl SpillWriter {
         self.failed = false;
         self.count(batch.num_rows() as u64);
         Ok(())
+    }
+
+    /// Whether a view column of `batch` that this file stores as offsets holds more
+    /// bytes of values than 32-bit offsets address.
+    fn too_many_view_bytes(&self, batch: &RecordBatch) -> bool {
+        batch
+            .columns()
+            .iter()
+            .zip(self.file_schema.fields())
+            .any(|(c, f)| {
+                c.data_type() != f.data_type() && crate::views::value_bytes(c) > i32::MAX as usize
+            })
     }
 
     /// The columns a new segment that begins with `batch` writes as `Int32`, if one
@@ -424,9 +443,8 @@ impl SpillWriter {
         }
     }
 
-    /// `batch` as it is written in `segment_schema`: its view columns compacted,
-    /// then narrowed unless it is in that schema already (a batch of the writer's
-    /// schema is when nothing narrows).
+    /// `batch` as it is written in `segment_schema`: narrowed unless it is in that
+    /// schema already (a batch of the writer's schema is when nothing narrows).
     ///
     /// # Errors
     /// [`SpillError::Arrow`] if a decimal does not fit in 64 bits (or arrow fails);
@@ -441,16 +459,13 @@ impl SpillWriter {
             source,
         };
         let found = batch.schema_ref();
-        // View columns holding mostly other rows' bytes are cut to their own first
-        // (see the `compact` module): a file's bytes are bounded by its rows'.
-        let batch = match crate::compact::compact(batch).map_err(arrow_error)? {
-            Some(compacted) => Cow::Owned(compacted),
-            None => Cow::Borrowed(batch),
-        };
         if Arc::ptr_eq(segment_schema, found) || **found == **segment_schema {
-            return Ok(batch);
+            return Ok(Cow::Borrowed(batch));
         }
-        crate::narrow::narrow(&batch, segment_schema)
+        // View columns become offsets here, with only their rows' bytes however many
+        // other rows' their buffers hold (`crate::views`): a file's bytes are bounded
+        // by its rows'.
+        crate::narrow::narrow(batch, segment_schema)
             .map(Cow::Owned)
             .map_err(arrow_error)
     }

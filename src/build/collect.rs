@@ -343,6 +343,14 @@ impl BuildCollector<'_> {
         }
     }
 
+    /// Whether `rows` gather in the spill files' form: the file schema (which is
+    /// the spill schema itself when nothing but `Int64` columns narrow), halving
+    /// where a column can.
+    fn in_file_form(&self, rows: &GatherBuffer) -> bool {
+        Arc::ptr_eq(rows.schema(), &self.file_schema)
+            && (rows.is_halving() || !self.halvable.contains(&true))
+    }
+
     /// The buffer a partition (`spilled` or not) gathers its rows in, created where
     /// it has none: once spilled (and emptied), in its files' schema.
     fn gather_buffer<'g>(
@@ -350,11 +358,11 @@ impl BuildCollector<'_> {
         gathered: &'g mut MutexGuard<'_, Option<GatherBuffer>>,
         spilled: bool,
     ) -> Result<&'g mut GatherBuffer> {
-        if self.file_halves
+        if self.file_differs
             && spilled
             && gathered
                 .as_ref()
-                .is_none_or(|g| g.is_empty() && !g.is_halving())
+                .is_none_or(|g| g.is_empty() && !self.in_file_form(g))
         {
             **gathered = Some(GatherBuffer::halving(Arc::clone(&self.file_schema))?);
         }

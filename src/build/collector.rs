@@ -123,11 +123,12 @@ pub(crate) struct BuildCollector<'a> {
     /// of keeping fragments.
     pub(super) gathers: bool,
     /// The spill files' wide schema ([`spilljoin_spill::file_schema`]), and whether
-    /// spilled partitions gather in it (some column may halve): a spilled partition
-    /// gathers its rows in it, halved where they fit ([`GatherBuffer::halving`]),
-    /// since they are only ever written.
+    /// spilled partitions gather in it (some column may halve, or the file holds it
+    /// otherwise: a narrow decimal, a view column as offsets): a spilled
+    /// partition gathers its rows in it, halved where they fit
+    /// ([`GatherBuffer::halving`]), since they are only ever written.
     pub(super) file_schema: SchemaRef,
-    pub(super) file_halves: bool,
+    pub(super) file_differs: bool,
     /// Per column of the file schema: `Int64`, so gathered as `Int32` when a batch's
     /// values fit.
     pub(super) halvable: Vec<bool>,
@@ -171,9 +172,10 @@ impl<'a> BuildCollector<'a> {
             widths,
             gathers: gatherable(&ctx.plan.spill_schema(true)),
             blooms,
-            // (When no column can halve, spilled partitions keep gathering in the
-            // spill schema.)
-            file_halves: crate::gather::halvable(&file_schema).contains(&true),
+            // (When no column can halve or is stored otherwise, spilled partitions
+            // keep gathering in the spill schema.)
+            file_differs: crate::gather::halvable(&file_schema).contains(&true)
+                || file_schema != ctx.plan.spill_schema(true),
             halvable: crate::gather::halvable(&file_schema),
             file_schema,
             word_bounds: Mutex::new(None),

@@ -9,7 +9,8 @@ use arrow_buffer::ToByteSlice;
 use arrow_data::ArrayData;
 use arrow_schema::{DataType, SchemaRef};
 
-use super::column::{self, Column, ColumnGrowth};
+use super::column::{self, Column, ColumnGrowth, Kind};
+use super::offsets::Bytes;
 use crate::error::{JoinError, Result};
 
 /// What rows about to be appended to a [`GatherBuffer`] add beyond their fixed
@@ -49,6 +50,7 @@ impl Growth {
     fn column(&self, i: usize) -> &ColumnGrowth {
         const NONE: &ColumnGrowth = &ColumnGrowth {
             data: 0,
+            inline: 0,
             values: 0,
             value_data: 0,
             source: None,
@@ -122,6 +124,11 @@ impl GatherBuffer {
             }
         }
         Ok(rows)
+    }
+
+    /// The schema the buffer gathers rows of (a halved column's type aside).
+    pub fn schema(&self) -> &SchemaRef {
+        &self.schema
     }
 
     /// Whether these rows were made by [`halving`](Self::halving) (and have a column
@@ -283,6 +290,8 @@ impl GatherBuffer {
                 .all(|((c, column), f)| {
                     c.data_type() == f.data_type()
                         || column.fixed().is_some_and(|fixed| fixed.narrowing(c))
+                        || (matches!(column.kind, Kind::Bytes(_))
+                            && Bytes::takes(c.data_type(), f.data_type()))
                 });
         if !fits {
             return Err(JoinError::Internal(

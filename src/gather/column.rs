@@ -7,7 +7,7 @@
 //! |---|---|---|---|
 //! | fixed width (primitives, decimals, temporal, `FixedSizeBinary`) | `fixed` | one values buffer | its width |
 //! | `Boolean` | `bitmap` | a bitmap | a bit |
-//! | `Utf8`, `Binary`, `LargeUtf8`, `LargeBinary` | `offsets` | offsets + one data buffer | an offset + its bytes |
+//! | `Utf8`, `Binary`, `LargeUtf8`, `LargeBinary` (from those or from views: a spill file's form of a view column) | `offsets` | offsets + one data buffer | an offset + its bytes |
 //! | `Utf8View`, `BinaryView` | `views` | views + data blocks of our own | 16 bytes + its bytes past 12 |
 //! | `Dictionary` of any of the above | `dict` | keys + values gathered as above | a key (+ its value, the first time) |
 //!
@@ -32,8 +32,12 @@ use crate::error::{JoinError, Result};
 /// ([`super::Growth`]).
 #[derive(Debug, Clone, Default)]
 pub(crate) struct ColumnGrowth {
-    /// Bytes of variable-width data (offset and view columns).
+    /// Bytes of variable-width data (offset and view columns; a view column's
+    /// values of over 12 bytes, those kept outside their views).
     pub data: usize,
+    /// Bytes of a view column's values of 12 bytes or fewer (kept inside their
+    /// views): what gathering it as offsets ([`Bytes`]) adds to `data`.
+    pub inline: usize,
     /// At most this many new dictionary values,
     pub values: usize,
     /// taking at most this many bytes of variable-width data,
@@ -55,10 +59,14 @@ impl ColumnGrowth {
                 data: offset_bytes::<i64>(data, rows),
                 ..Self::default()
             },
-            DataType::Utf8View | DataType::BinaryView => Self {
-                data: view_bytes(data, rows),
-                ..Self::default()
-            },
+            DataType::Utf8View | DataType::BinaryView => {
+                let (outside, all) = view_bytes(data, rows);
+                Self {
+                    data: outside,
+                    inline: all - outside,
+                    ..Self::default()
+                }
+            }
             DataType::Dictionary(key, _) => dict::growth(data, key, rows),
             _ => Self::default(),
         }

@@ -95,6 +95,7 @@ pub(super) fn growth(data: &ArrayData, key: &DataType, rows: &[u32]) -> ColumnGr
     let all_data = ColumnGrowth::of(values, &all).data;
     ColumnGrowth {
         data: 0,
+        inline: 0,
         values: rows.len().min(values.len()),
         value_data: rows_data.min(all_data),
         source: Some(values.clone()),

@@ -1,14 +1,19 @@
 //! Gathering a variable-width column of offsets and data (`Utf8`, `Binary` and their
 //! large forms): each row's bytes copied into one data buffer of the column's own,
-//! its offset rewritten to where they end there.
+//! its offset rewritten to where they end there. A spill file holds a view column
+//! (`Utf8View`, `BinaryView`) in this form (`spilljoin_spill::VIEW_KEY`), so rows of
+//! view arrays are gathered into it too, each value's bytes copied from wherever
+//! its view keeps them.
 //!
 //! Its own file because the offset type is a parameter ([`OffsetValue`]) and the
 //! helpers that read an input's offsets are shared with dictionaries' values.
 
 use arrow_data::{ArrayData, ArrayDataBuilder};
+use arrow_schema::DataType;
 
 use super::column::{short_column, ColumnGrowth};
 use super::values::Values;
+use super::views::{value_at, view_bytes, views_of};
 use crate::error::{JoinError, Result};
 
 /// An offset type of a variable-width array.
@@ -115,7 +120,7 @@ impl Bytes {
     /// offsets always do).
     #[inline]
     pub(super) fn admits(&self, growth: &ColumnGrowth) -> bool {
-        self.large || self.data.len() + growth.data <= i32::MAX as usize
+        self.large || self.data.len() + growth.data + growth.inline <= i32::MAX as usize
     }
 
     /// The bytes its offsets and data may hold once `more` rows of `growth` join the
@@ -132,19 +137,85 @@ impl Bytes {
         let w = self.width();
         self.offsets
             .resident_after((more + usize::from(len == 0)) * w, (expected + 1) * w)
-            + self
-                .data
-                .resident_after(growth.data, expected.saturating_mul(self.row_bytes))
+            + self.data.resident_after(
+                growth.data + growth.inline,
+                expected.saturating_mul(self.row_bytes),
+            )
     }
 
-    /// Appends rows `rows` of `data`, buffers first allocated for `expected` rows.
+    /// Whether a column of `target` type (an offsets type) gathers arrays of
+    /// `source` type: its own, or the view type a spill file holds as it.
+    pub(super) fn takes(source: &DataType, target: &DataType) -> bool {
+        source == target
+            || matches!(
+                (source, target),
+                (DataType::Utf8View, DataType::Utf8) | (DataType::BinaryView, DataType::Binary)
+            )
+    }
+
+    /// Appends rows `rows` of `data` (of this column's type, or a view type it
+    /// [`takes`](Self::takes)), buffers first allocated for `expected` rows.
     #[inline]
     pub(super) fn append(&mut self, data: &ArrayData, rows: &[u32], expected: usize) -> Result<()> {
-        if self.large {
-            self.append_as::<i64>(data, rows, expected)
-        } else {
-            self.append_as::<i32>(data, rows, expected)
+        let views = matches!(data.data_type(), DataType::Utf8View | DataType::BinaryView);
+        match (self.large, views) {
+            (false, false) => self.append_as::<i32>(data, rows, expected),
+            (true, false) => self.append_as::<i64>(data, rows, expected),
+            (false, true) => self.append_views::<i32>(data, rows, expected),
+            (true, true) => self.append_views::<i64>(data, rows, expected),
         }
+    }
+
+    /// Makes room for `total` more bytes of data (and writes the leading offset
+    /// before the first rows), and returns where the data ends now.
+    ///
+    /// # Errors
+    /// [`JoinError::InvalidJoin`] if the data would outgrow offsets of type `O`,
+    /// [`JoinError::Io`] if a memory map cannot grow.
+    fn room<O: OffsetValue>(&mut self, total: usize, expected: usize) -> Result<usize> {
+        let w = std::mem::size_of::<O>();
+        let end = self.data.len();
+        if O::from_offset(end + total).is_none() {
+            return Err(JoinError::InvalidJoin(format!(
+                "a partition's {} bytes of strings exceed what 32-bit offsets address; \
+                 use a large string type",
+                end + total
+            )));
+        }
+        self.data
+            .make_room(total, expected.saturating_mul(self.row_bytes))?;
+        if self.offsets.len() == 0 {
+            self.offsets.extend(w, (expected + 1) * w)?.fill(0);
+        }
+        Ok(end)
+    }
+
+    /// [`append`](Self::append) from a view array: each value's bytes (a short
+    /// one's from its view) copied into the data, its offset where they end.
+    fn append_views<O: OffsetValue>(
+        &mut self,
+        data: &ArrayData,
+        rows: &[u32],
+        expected: usize,
+    ) -> Result<()> {
+        let views = views_of(data);
+        if views.len() != data.len() {
+            return Err(short_column());
+        }
+        let blocks = data.buffers().get(1..).unwrap_or_default();
+        let (_, total) = view_bytes(data, rows);
+        let mut end = self.room::<O>(total, expected)?;
+        let w = std::mem::size_of::<O>();
+        let out = self.offsets.extend(rows.len() * w, (expected + 1) * w)?;
+        for (to, &r) in out.chunks_exact_mut(w).zip(rows) {
+            let value = value_at(&views[r as usize], blocks).ok_or_else(short_column)?;
+            self.data.push_slice(value)?;
+            end += value.len();
+            // (Checked by `room`: the whole append fits.)
+            let offset = O::from_offset(end).unwrap_or_default();
+            to.copy_from_slice(arrow_buffer::ToByteSlice::to_byte_slice(&offset));
+        }
+        Ok(())
     }
 
     fn append_as<O: OffsetValue>(
@@ -164,19 +235,7 @@ impl Bytes {
         }
         let w = std::mem::size_of::<O>();
         let total = offset_bytes::<O>(data, rows);
-        let mut end = self.data.len();
-        if O::from_offset(end + total).is_none() {
-            return Err(JoinError::InvalidJoin(format!(
-                "a partition's {} bytes of strings exceed what 32-bit offsets address; \
-                 use a large string type",
-                end + total
-            )));
-        }
-        self.data
-            .make_room(total, expected.saturating_mul(self.row_bytes))?;
-        if self.offsets.len() == 0 {
-            self.offsets.extend(w, (expected + 1) * w)?.fill(0);
-        }
+        let mut end = self.room::<O>(total, expected)?;
         let out = self.offsets.extend(rows.len() * w, (expected + 1) * w)?;
         for (to, &r) in out.chunks_exact_mut(w).zip(rows) {
             let r = r as usize;

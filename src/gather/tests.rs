@@ -549,3 +549,57 @@ fn held_bytes(batch: &RecordBatch) -> usize {
     buffers.dedup_by_key(|b| b.0);
     buffers.iter().map(|b| b.1).sum()
 }
+
+#[test]
+fn views_gather_as_offsets_into_a_spill_file_schema() -> TestResult {
+    use arrow_array::cast::AsArray;
+    use arrow_array::{BinaryViewArray, StringViewArray};
+    let logical: SchemaRef = Arc::new(Schema::new(vec![
+        Field::new("s", DataType::Utf8View, true),
+        Field::new("b", DataType::BinaryView, false),
+    ]));
+    let schema = spilljoin_spill::file_schema(&logical);
+    assert_eq!(schema.field(0).data_type(), &DataType::Utf8);
+    assert_eq!(schema.field(1).data_type(), &DataType::Binary);
+    let strings: StringViewArray = [
+        Some("short"),
+        None,
+        Some("a value well past the twelve bytes a view inlines"),
+        Some(""),
+        Some("twelve bytes"),
+        Some("thirteen byte"),
+    ]
+    .into_iter()
+    .collect();
+    let binary: BinaryViewArray = (0..6u8)
+        .map(|i| Some(vec![i; 4 * usize::from(i)]))
+        .collect();
+    // Sliced inputs: their views keep pointing into the whole arrays' buffers.
+    let (s, b) = (strings.slice(1, 5), binary.slice(1, 5));
+    let data = [s.to_data(), b.to_data()];
+    let rows: [u32; 6] = [4, 0, 1, 3, 1, 2];
+    let growth = Growth::of(&data, &rows);
+    let mut gathered = GatherBuffer::new(Arc::clone(&schema))?;
+    assert!(gathered.admits(&[], &growth));
+    let before = gathered.capacity_after(&growth);
+    gathered.append(&data, &rows, None)?;
+    assert!(gathered.held() <= before, "{} > {before}", gathered.held());
+    let got = gathered.finish()?;
+    assert_eq!(got.schema(), schema);
+    let want_s: Vec<Option<&str>> = rows
+        .iter()
+        .map(|&r| s.is_valid(r as usize).then(|| s.value(r as usize)))
+        .collect();
+    assert_eq!(
+        got.column(0).as_string::<i32>().iter().collect::<Vec<_>>(),
+        want_s
+    );
+    let want_b: Vec<&[u8]> = rows.iter().map(|&r| b.value(r as usize)).collect();
+    let got_b: Vec<&[u8]> = got.column(1).as_binary::<i32>().iter().flatten().collect();
+    assert_eq!(got_b, want_b);
+    // Only the rows' own bytes: 13 + 49 + 12 + 49 strings, 20 + 4 + 8 + 16 + 8 + 12
+    // bytes.
+    assert_eq!(got.column(0).as_string::<i32>().values().len(), 123);
+    assert_eq!(got.column(1).as_binary::<i32>().values().len(), 68);
+    Ok(())
+}

@@ -35,28 +35,23 @@ pub(super) fn views_of(data: &ArrayData) -> &[u128] {
         .unwrap_or_default()
 }
 
-/// The bytes of rows `rows` of a view array kept outside their views.
-pub(super) fn view_bytes(data: &ArrayData, rows: &[u32]) -> usize {
+/// The bytes of rows `rows` of a view array kept outside their views, and those of
+/// all their values.
+pub(super) fn view_bytes(data: &ArrayData, rows: &[u32]) -> (usize, usize) {
     let views = views_of(data);
-    rows.iter()
-        .map(|&r| {
-            let len = views.get(r as usize).map_or(0, |&v| v as u32);
-            if len > MAX_INLINE_VIEW_LEN {
-                len as usize
-            } else {
-                0
-            }
-        })
-        .sum()
+    rows.iter().fold((0, 0), |(outside, all), &r| {
+        let len = views.get(r as usize).map_or(0, |&v| v as u32);
+        let long = if len > MAX_INLINE_VIEW_LEN { len } else { 0 };
+        (outside + long as usize, all + len as usize)
+    })
 }
 
-/// The bytes of value `i` of a view array, if it has them (a short value's are its
-/// view's, past the length).
-pub(super) fn view_value(values: &ArrayData, i: usize) -> Option<&[u8]> {
-    let view = views_of(values).get(i)?;
+/// The bytes of a value of `blocks` (a view array's data buffers) that `view`
+/// describes: a short value's are the view's own, past the length.
+#[inline]
+pub(super) fn value_at<'a>(view: &'a u128, blocks: &'a [Buffer]) -> Option<&'a [u8]> {
     let len = *view as u32;
     if len <= MAX_INLINE_VIEW_LEN {
-        // (Its bytes are its view's, past the length.)
         let bytes: &[u8; 16] = arrow_buffer::ToByteSlice::to_byte_slice(view)
             .try_into()
             .ok()?;
@@ -64,11 +59,17 @@ pub(super) fn view_value(values: &ArrayData, i: usize) -> Option<&[u8]> {
     }
     let v = ByteView::from(*view);
     let start = v.offset as usize;
-    values
-        .buffers()
-        .get(1 + v.buffer_index as usize)?
+    blocks
+        .get(v.buffer_index as usize)?
         .as_slice()
         .get(start..start + len as usize)
+}
+
+/// The bytes of value `i` of a view array, if it has them (a short value's are its
+/// view's, past the length).
+pub(super) fn view_value(values: &ArrayData, i: usize) -> Option<&[u8]> {
+    let view = views_of(values).get(i)?;
+    value_at(view, values.buffers().get(1..).unwrap_or_default())
 }
 
 /// A view column's views and the data blocks they point into.
@@ -124,7 +125,7 @@ impl Views {
             return Err(short_column());
         }
         let blocks = data.buffers().get(1..).unwrap_or_default();
-        let total = view_bytes(data, rows);
+        let (total, _) = view_bytes(data, rows);
         self.block.make_room(
             total.min(VIEW_BLOCK_MAX_BYTES - self.block.len().min(VIEW_BLOCK_MAX_BYTES)),
             expected.saturating_mul(self.row_bytes),

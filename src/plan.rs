@@ -162,6 +162,16 @@ pub(crate) const MIN_WORK_ROWS: usize = 1024;
 const PIECE_SHARE: usize = 16;
 
 impl JoinPlan {
+    /// The shape the probe's headroom is modelled from ([`ProbeShape`]).
+    pub(crate) fn probe_shape(&self) -> ProbeShape {
+        ProbeShape {
+            limit: self.pool.limit().bytes(),
+            threads: self.threads,
+            work_rows: self.work_rows,
+            batch_size: self.batch_size,
+        }
+    }
+
     /// The most bytes of input rows one worker joins at a time:
     /// `limit / (threads × PIECE_SHARE)`.
     pub(crate) fn piece_bytes(&self) -> usize {
@@ -246,6 +256,47 @@ impl ForceSpill {
         } else {
             0.0
         }
+    }
+}
+
+/// What the probe's workers and its output batches take while it runs, which the
+/// build leaves free for them (its *headroom*, reserved before the tables are
+/// planned), as a function of the join's shape: one model for the build that
+/// reserves it and for the fan-out that must leave room for it one level down.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct ProbeShape {
+    pub limit: usize,
+    pub threads: usize,
+    pub work_rows: usize,
+    pub batch_size: usize,
+}
+
+impl ProbeShape {
+    /// The workers' part of the headroom, at most half of the limit: each worker's
+    /// buffers ([`probe_worker_bytes`]) and three batches of `work_batch_bytes` (the
+    /// piece being probed, the output and the spill pieces made from it), and the
+    /// output batches in flight: a batch being assembled per worker and the
+    /// channel's two per worker, of rows `build_row_bytes + probe_row_bytes` wide
+    /// (up to an eighth of the limit, what [`crate::channel`] lets wait).
+    pub fn workers_headroom(
+        &self,
+        work_batch_bytes: usize,
+        build_row_bytes: usize,
+        probe_row_bytes: usize,
+    ) -> usize {
+        let threads = self.threads.max(1);
+        let per_worker = probe_worker_bytes(self.work_rows, self.work_rows)
+            .saturating_add(work_batch_bytes.max(16 * 1024).saturating_mul(3));
+        let piece = self.limit / (PIECE_SHARE * threads);
+        let batch_bytes = self
+            .batch_size
+            .saturating_mul(build_row_bytes.saturating_add(probe_row_bytes))
+            .min(piece);
+        let output = (3 * threads * batch_bytes).min(self.limit / 8);
+        per_worker
+            .saturating_mul(threads)
+            .saturating_add(output)
+            .min(self.limit / 2)
     }
 }
 

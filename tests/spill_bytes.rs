@@ -252,7 +252,7 @@ fn known_build_rows_size_every_spilled_partitions_filter() {
     // inflated ones would raise; the probe's trial counts every row a filter skips,
     // so any filter at all would show.
     let exact_bits =
-        spilljoin::partition_bits_for(Some(BUILD as u64 * 8), Some(BUILD as u64), 4 << 20, 2);
+        spilljoin::partition_bits_for(Some(BUILD as u64 * 8), Some(BUILD as u64), 4 << 20, 2, 8192);
     let (rows, thin) = run(Some(16), Some(exact_bits));
     assert_eq!(rows as u64, without_a_partner);
     assert!(thin.partitions_spilled > 4, "{thin:?}");

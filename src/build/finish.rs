@@ -102,11 +102,7 @@ impl BuildCollector<'_> {
     /// pieces it makes from it), and the output batches waiting for the caller.
     fn reserve_probe_headroom(&self) -> Result<MemoryReservation> {
         let plan = self.plan();
-        let per_worker = crate::plan::probe_worker_bytes(plan.work_rows, plan.work_rows)
-            + 3 * self
-                .largest_batch_bytes
-                .load(Ordering::Relaxed)
-                .max(16 * 1024);
+        let largest_batch_bytes = self.largest_batch_bytes.load(Ordering::Relaxed);
         // And a write buffer for each partition spilled so far, whose probe rows are
         // buffered before they are written: without it the probe's workers find the
         // memory full at every other batch and write every buffer out half empty, a
@@ -119,10 +115,11 @@ impl BuildCollector<'_> {
             .count();
         let limit = plan.pool.limit().bytes();
         let buffers = (spilled * plan.work_rows * probe_spill_row_bytes(plan)).min(limit / 4);
-        let build_row_bytes =
-            self.largest_batch_bytes.load(Ordering::Relaxed) / plan.work_rows.max(1);
-        let workers =
-            (per_worker * plan.threads + output_headroom(plan, build_row_bytes)).min(limit / 2);
+        let workers = plan.probe_shape().workers_headroom(
+            largest_batch_bytes,
+            largest_batch_bytes / plan.work_rows.max(1),
+            probe_spill_row_bytes(plan),
+        );
         // The probe's working set, not build rows that could spill: a pool that
         // shares among spilling consumers (DataFusion's fair pool) serves it first.
         let mut headroom_reservation =
@@ -355,17 +352,6 @@ fn finish_transient_bytes(plan: &JoinPlan, part: &PartitionBuffer) -> usize {
         part.rows * 8
     };
     copy + hashes
-}
-
-/// What output batches in flight take while the probe runs: a batch being assembled
-/// per worker and the channel's two per worker, of rows about a build row and a probe
-/// row wide ([`crate::channel`] reserves them, up to an eighth of the limit).
-/// Without this room the output gate found the pool full at every batch, and each
-/// worker waited for the caller to take one (see BENCHMARKS.md, issue 27).
-fn output_headroom(plan: &JoinPlan, build_row_bytes: usize) -> usize {
-    let row_bytes = build_row_bytes + probe_spill_row_bytes(plan);
-    let batch_bytes = (plan.batch_size * row_bytes).min(plan.piece_bytes());
-    (3 * plan.threads * batch_bytes).min(plan.pool.limit().bytes() / 8)
 }
 
 /// The bytes a probe row takes in a probe spill buffer: the fixed widths of its spill

@@ -363,6 +363,7 @@ impl HashJoinBuilder {
                 build_stats.rows,
                 pool.limit().bytes(),
                 self.threads,
+                self.batch_size_rows,
             ),
         };
         let bits = HashBits::new(partition_bits);

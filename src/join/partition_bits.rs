@@ -7,6 +7,7 @@
 //! from the builder that applies it.
 
 use crate::partition::MAX_PARTITION_BITS;
+use crate::plan::{work_rows_for, ProbeShape};
 
 /// The default radix bits of the first partitioning level (16 partitions): enough
 /// partitions for every thread to build tables in parallel, few enough that the
@@ -14,7 +15,8 @@ use crate::partition::MAX_PARTITION_BITS;
 pub const DEFAULT_PARTITION_BITS: u32 = 4;
 
 /// The radix bits of the first partitioning level, from the build's expected size
-/// (bytes in memory and, when known, rows) and the memory limit.
+/// (bytes in memory and, when known, rows), the memory limit, the threads and the
+/// batch size (what the probe's batches take).
 ///
 /// Partitions that spill are joined one at a time at the next level, so the fewest
 /// partitions that can each be joined there in one piece are best: every further
@@ -32,7 +34,11 @@ pub const DEFAULT_PARTITION_BITS: u32 = 4;
 /// does (the partitions are split again one level down). The `1.25` is calibrated
 /// on TPC-H joins (partitions of orders and of `NOT IN`'s one-column lineitem keys):
 /// it lies between the limit-over-need ratios of those that went two levels deep
-/// and of those that stayed in one.
+/// and of those that stayed in one. The need must also fit beside the probe's
+/// headroom one level down ([`ProbeShape::workers_headroom`], for probe batches
+/// taken as wide as build rows): negligible for narrow rows, up to half the limit
+/// for wide ones (SF1 orders with every column under 5%: 32 partitions passed the
+/// slack and were each split again one level down; 64 are joined in one).
 /// With only the bytes known, a partition is taken to need three times its bytes
 /// and `b = ceil(log2(8 × build / limit))` (the rule before rows were known,
 /// conservative for the wide rows that need less).
@@ -51,6 +57,7 @@ pub fn partition_bits_for(
     build_rows_hint: Option<u64>,
     limit_bytes: usize,
     threads: usize,
+    batch_size: usize,
 ) -> u32 {
     let Some(build) = build_size_hint_bytes else {
         return DEFAULT_PARTITION_BITS;
@@ -67,10 +74,21 @@ pub fn partition_bits_for(
     }
     // (No rows at all beside some bytes is not a count to size by.)
     let build_rows_hint = build_rows_hint.filter(|&rows| rows > 0);
+    // What the probe one level below leaves its partition's rows and table.
+    let room = match build_rows_hint {
+        Some(rows) => limit_bytes.saturating_sub(probe_headroom(
+            build / rows,
+            limit_bytes,
+            threads,
+            batch_size,
+        )) as u64,
+        None => 0,
+    };
     // Whether a partition of the build fits one level below.
     let one_level = |bits: u32| match build_rows_hint {
-        Some(rows) => one_level_need(build >> bits, rows >> bits)
-            .is_some_and(|need| need as f64 * ONE_LEVEL_SLACK <= limit_bytes as f64),
+        Some(rows) => one_level_need(build >> bits, rows >> bits).is_some_and(|need| {
+            need as f64 * ONE_LEVEL_SLACK <= limit_bytes as f64 && need <= room
+        }),
         None => (build >> bits) as f64 * 3.0 <= limit_bytes as f64,
     };
     let wanted = match build_rows_hint {
@@ -96,6 +114,21 @@ pub fn partition_bits_for(
         .into_iter()
         .find(|&bits| one_level(bits))
         .unwrap_or(quarter)
+}
+
+/// The probe's headroom ([`ProbeShape::workers_headroom`]) one level below, for
+/// build rows of `row_bytes` (probe rows taken as a variable-width spill row, as the
+/// build takes them before it has seen them): what the build leaves free there.
+fn probe_headroom(row_bytes: u64, limit_bytes: usize, threads: usize, batch_size: usize) -> usize {
+    let row_bytes = usize::try_from(row_bytes).unwrap_or(usize::MAX);
+    let work_rows = work_rows_for(batch_size, limit_bytes, threads);
+    let shape = ProbeShape {
+        limit: limit_bytes,
+        threads,
+        work_rows,
+        batch_size,
+    };
+    shape.workers_headroom(work_rows.saturating_mul(row_bytes), row_bytes, 32)
 }
 
 /// What joining a partition of `rows` rows and `bytes` bytes in one piece is taken to

@@ -37,7 +37,7 @@ fn partitions_are_as_many_as_one_level_needs_while_they_can_be_buffered() {
     let build = Some(36_375_008);
     let bits: Vec<u32> = [17_991_680, 8_996_864, 3_599_360, 1_799_168, 899_584]
         .iter()
-        .map(|&limit| partition_bits_for(build, None, limit, 2))
+        .map(|&limit| partition_bits_for(build, None, limit, 2, 8192))
         .collect();
     // 25%: a quarter of the limit buys the 64 partitions one level needs; 10%: half
     // of it buys 32; 5%: only 64 fit one level, each keeping 27 KiB of the limit;
@@ -49,33 +49,33 @@ fn partitions_are_as_many_as_one_level_needs_while_they_can_be_buffered() {
     }
     // No limit, or no size: the default.
     assert_eq!(
-        partition_bits_for(build, Some(1_500_000), usize::MAX, 2),
+        partition_bits_for(build, Some(1_500_000), usize::MAX, 2, 8192),
         DEFAULT_PARTITION_BITS
     );
     assert_eq!(
-        partition_bits_for(None, None, MIB, 2),
+        partition_bits_for(None, None, MIB, 2, 8192),
         DEFAULT_PARTITION_BITS
     );
     assert_eq!(
-        partition_bits_for(None, Some(1_500_000), MIB, 2),
+        partition_bits_for(None, Some(1_500_000), MIB, 2, 8192),
         DEFAULT_PARTITION_BITS
     );
     // Zero rows beside some bytes: sized by the bytes alone.
     let limits = [17_991_680, 8_996_864, 3_599_360, 1_799_168, 899_584];
     for limit in limits {
         assert_eq!(
-            partition_bits_for(build, Some(0), limit, 2),
-            partition_bits_for(build, None, limit, 2)
+            partition_bits_for(build, Some(0), limit, 2, 8192),
+            partition_bits_for(build, None, limit, 2, 8192)
         );
     }
     // Absurd statistics do not overflow: no fan-out fits, the most is asked for
     // and then capped by what the limit can buffer.
     for limit in [1, 64 * 1024, MIB, 1 << 30] {
-        let bits = partition_bits_for(Some(u64::MAX), Some(u64::MAX), limit, 2);
+        let bits = partition_bits_for(Some(u64::MAX), Some(u64::MAX), limit, 2, 8192);
         assert!(bits <= MAX_PARTITION_BITS);
     }
     assert_eq!(
-        partition_bits_for(Some(u64::MAX), Some(u64::MAX), 1 << 30, 2),
+        partition_bits_for(Some(u64::MAX), Some(u64::MAX), 1 << 30, 2, 8192),
         MAX_PARTITION_BITS
     );
 }
@@ -110,7 +110,7 @@ fn known_rows_give_the_fewest_partitions_that_each_join_in_one_level() -> Result
     for (bytes, rows, limits, want) in cases {
         let bits: Vec<u32> = limits
             .iter()
-            .map(|&limit| partition_bits_for(Some(bytes), Some(rows), limit, 2))
+            .map(|&limit| partition_bits_for(Some(bytes), Some(rows), limit, 2, 8192))
             .collect();
         assert_eq!(bits, want, "{bytes} bytes, {rows} rows");
         // One fewer bit would not fit one level (where the limit allowed more).
@@ -123,4 +123,23 @@ fn known_rows_give_the_fewest_partitions_that_each_join_in_one_level() -> Result
         }
     }
     Ok(())
+}
+
+#[test]
+fn wide_rows_leave_the_probe_its_headroom_one_level_down() {
+    // SF1 orders with every column (9 columns, four of them strings: 167 MB by its
+    // Parquet statistics, 1.5M rows) under 25%, 10% and 5% of its Arrow bytes.
+    // A level below takes up to half its limit for the probe's batches of these
+    // wide rows; sized by the rows and table alone (the rule for narrow rows), 32
+    // partitions looked joinable in one level at 5%, and each was split again: every
+    // row written twice.
+    let (bytes, rows) = (167_443_200, 1_500_000);
+    let bits: Vec<u32> = [48_338_944, 19_334_144, 9_667_584]
+        .iter()
+        .map(|&limit| partition_bits_for(Some(bytes), Some(rows), limit, 2, 8192))
+        .collect();
+    assert_eq!(bits, [4, 5, 6]);
+    let need = one_level_need(bytes >> 5, rows >> 5).unwrap_or(u64::MAX);
+    assert!(need as f64 * ONE_LEVEL_SLACK <= 9_667_584.0);
+    assert!(need > 9_667_584 / 2);
 }

@@ -71,11 +71,41 @@ fn column_bytes(c: &ArrayRef) -> usize {
             .unwrap_or_else(|_| c.get_array_memory_size())
     };
     match c.data_type() {
-        DataType::Utf8View | DataType::BinaryView => {
-            slice(&data) + spilljoin_spill::view_data_bytes(&data)
-        }
+        DataType::Utf8View | DataType::BinaryView => slice(&data) + view_buffer_bytes(&data),
         DataType::Dictionary(..) => dictionary_bytes(c.as_any_dictionary()),
         _ => slice(&data),
+    }
+}
+
+/// The bytes of a view column's rows kept outside its views: its long values'
+/// bytes, or its data buffers whole when they hold little more than its rows'
+/// values. A column read back from a spill file (`spilljoin_spill::VIEW_KEY`) points
+/// into a buffer of all its values, short ones too, which live as long as it does;
+/// a slice or `take` of a larger array shares buffers of many more rows, counted
+/// by its own share.
+fn view_buffer_bytes(data: &arrow_data::ArrayData) -> usize {
+    let views = data
+        .buffers()
+        .first()
+        .map_or(&[][..], |b| b.typed_data::<u128>());
+    let start = data.offset().min(views.len());
+    let end = (data.offset() + data.len()).min(views.len());
+    let (long, all) = views[start..end]
+        .iter()
+        .fold((0usize, 0usize), |(long, all), &v| {
+            let len = v as u32;
+            let outside = if len > arrow_data::MAX_INLINE_VIEW_LEN {
+                len
+            } else {
+                0
+            };
+            (long + outside as usize, all + len as usize)
+        });
+    let held: usize = data.buffers().iter().skip(1).map(|b| b.len()).sum();
+    if held <= all + all / 8 + 4096 {
+        held.max(long)
+    } else {
+        long
     }
 }
 

@@ -34,9 +34,10 @@
 //! A spill file is an Arrow IPC *stream* (schema message, then one
 //! dictionary message per dictionary column and batch and one record batch
 //! message per batch, then the end-of-stream marker), optionally with
-//! per-buffer LZ4 or Zstd compression ([`SpillCompression`]). Integer-like
-//! columns are written as narrow as their values allow ([`file_schema`],
-//! [`segment_schema`]): when a batch needs a column wider than the file has
+//! per-buffer LZ4 or Zstd compression ([`SpillCompression`]). Columns are
+//! written as narrow as their values allow ([`file_schema`], [`segment_schema`]:
+//! decimals as integers, integers in 32 bits where they fit, view columns as
+//! offsets, marked in the fields' metadata): when a batch needs a column wider than the file has
 //! held it so far, a new schema message opens a new *segment* of the stream.
 //! Any Arrow implementation reads the first segment of a file of its own
 //! (`pyarrow.ipc.open_stream`, for instance), which helps when debugging (the
@@ -167,7 +168,7 @@ pub use owner::{
     OWNER_FILE_NAME,
 };
 pub use reader::{read_spill_file, SpillReader, UNTRUSTED_DECODED_BYTES_MAX};
-pub use views::{view_data_bytes, VIEW_KEY};
+pub use views::VIEW_KEY;
 pub use writer::SpillWriter;
 
 #[cfg(test)]

@@ -1,4 +1,4 @@
-//! Integer-like columns are written in as few bytes as their values need.
+//! Columns are written in as few bytes as their values need.
 //!
 //! A `Decimal128(p, s)` value takes 16 bytes in Arrow, but with `p <= 18` it fits
 //! an `i64`, and an `Int64` column often holds values that fit an `i32`: TPC-H's
@@ -13,7 +13,7 @@
 //! - any column that is `Int64` in the wide file schema (an `Int64` input or such a
 //!   decimal) as `Int32` while every value of the batches written so far fits one.
 //!
-//! The second choice is made batch by batch, and an IPC stream has one schema: a file
+//! The last choice is made batch by batch, and an IPC stream has one schema: a file
 //! is therefore one or more *segments*, each opened by its own schema message, in
 //! which a column may only widen (so a file of `n` such columns has at most `n + 1`
 //! segments; the end-of-stream marker closes the last). The reader widens every

@@ -20,30 +20,11 @@ use arrow_array::{
     Array, ArrayRef, BinaryViewArray, GenericByteArray, GenericByteViewArray, StringViewArray,
 };
 use arrow_buffer::{Buffer, OffsetBuffer, ScalarBuffer};
-use arrow_data::{ArrayData, MAX_INLINE_VIEW_LEN};
 use arrow_schema::{ArrowError, DataType};
 
 /// The field metadata key that marks a view column stored as offsets (`Utf8` for
 /// `Utf8View`, `Binary` for `BinaryView`).
 pub const VIEW_KEY: &str = "spilljoin.spill.view";
-
-/// The bytes of a view array's rows (`Utf8View`, `BinaryView`) kept outside their
-/// views: what its rows use of its data buffers, however many other arrays share
-/// them.
-pub fn view_data_bytes(data: &ArrayData) -> usize {
-    let views = data
-        .buffers()
-        .first()
-        .map_or(&[][..], |b| b.typed_data::<u128>());
-    let start = data.offset().min(views.len());
-    let end = (data.offset() + data.len()).min(views.len());
-    views[start..end]
-        .iter()
-        .map(|&v| v as u32)
-        .filter(|&len| len > MAX_INLINE_VIEW_LEN)
-        .map(|len| len as usize)
-        .sum()
-}
 
 /// The type a view column of type `data_type` is stored as, if it is one.
 pub(crate) fn stored_type(data_type: &DataType) -> Option<DataType> {
@@ -64,15 +45,35 @@ pub(crate) fn view_type(stored: &DataType) -> Option<DataType> {
     }
 }
 
-/// The bytes of `array`'s values (a view array; 0 for any other): what its offsets
-/// form takes past its offsets.
+/// The bytes of `array`'s valid values (a view array; 0 for any other): what its
+/// offsets form takes past its offsets (a null slot's view may have a length, as
+/// after `nullif`; its offsets form is empty).
 pub(crate) fn value_bytes(array: &dyn Array) -> usize {
-    let lens = |views: &[u128]| views.iter().map(|&v| v as u32 as usize).sum();
+    let lens = |views: &[u128]| match array.nulls() {
+        None => views.iter().map(|&v| v as u32 as usize).sum(),
+        Some(nulls) => views
+            .iter()
+            .zip(nulls.iter())
+            .filter(|(_, valid)| *valid)
+            .map(|(&v, _)| v as u32 as usize)
+            .sum(),
+    };
     match array.data_type() {
         DataType::Utf8View => lens(array.as_string_view().views()),
         DataType::BinaryView => lens(array.as_binary_view().views()),
         _ => 0,
     }
+}
+
+/// The bytes of `array`'s longest value (a view array; 0 for any other).
+pub(crate) fn largest_value(array: &dyn Array) -> usize {
+    let longest = |views: &[u128]| views.iter().map(|&v| v as u32 as usize).max();
+    match array.data_type() {
+        DataType::Utf8View => longest(array.as_string_view().views()),
+        DataType::BinaryView => longest(array.as_binary_view().views()),
+        _ => None,
+    }
+    .unwrap_or(0)
 }
 
 /// `column` (a view array) as its stored type: every row's bytes copied once into

@@ -36,7 +36,7 @@ use std::sync::Arc;
 use arrow_array::RecordBatch;
 use arrow_buffer::Buffer;
 use arrow_ipc::writer::{IpcWriteOptions, StreamEncoder};
-use arrow_schema::{DataType, SchemaRef};
+use arrow_schema::{ArrowError, DataType, SchemaRef};
 
 use crate::config::SpillCompression;
 use crate::error::SpillError;
@@ -321,7 +321,7 @@ impl SpillWriter {
                 path: path.clone(),
                 source,
             })?;
-        // Integer-like columns are written in as few bytes as they need (`narrow`).
+        // Columns are written in as few bytes as they need (`narrow`).
         let file_schema = crate::narrow::file_schema(&schema);
         let halvable = crate::narrow::halvable(&file_schema);
         Ok(Self {
@@ -353,31 +353,28 @@ impl SpillWriter {
     /// Appends one batch. Empty batches are written too (as zero-row
     /// messages) and read back. A batch may also come in the file's schema
     /// ([`crate::file_schema`] of the writer's: decimals of at most 18 digits as
-    /// `Int64`) or in a segment schema of it ([`crate::segment_schema`]: some of
-    /// those `Int64` columns as `Int32`), gathered narrow by the caller; it is read
-    /// back in the writer's schema like any other. `Int64` columns (decimals
-    /// included) whose values fit in 32 bits are written as `Int32` (see the crate's
-    /// `narrow` module).
+    /// `Int64`, view columns as offsets) or in a segment schema of it
+    /// ([`crate::segment_schema`]: some of those `Int64` columns as `Int32`),
+    /// gathered narrow by the caller; it is read back in the writer's schema like
+    /// any other. `Int64` columns (decimals included) whose values fit in 32 bits
+    /// are written as `Int32`, view columns as offsets with only their rows' bytes
+    /// (see the crate's `narrow` module); a batch of more than 2 GiB of a view
+    /// column's values is written in slices, as several batches.
     ///
     /// # Errors
     ///
     /// [`SpillError::SchemaMismatch`] if the batch's schema is not equal to
     /// the writer's or its file schema (field names, types, nullability and
     /// metadata all count), [`SpillError::Arrow`] if a decimal does not fit in 64
-    /// bits: nothing is written and the writer stays usable.
+    /// bits or one view value exceeds 2 GiB: nothing is written and the writer
+    /// stays usable (unless the batch was being written in slices: those written
+    /// stay).
     /// [`SpillError::QuotaExceeded`] if the encoded batch does not fit in the
     /// quota (nothing of it is written), [`SpillError::Io`] if writing failed,
     /// [`SpillError::Arrow`] if arrow cannot encode or compress it; the writer
     /// is unusable afterwards ([`SpillError::WriterFailed`]).
     pub fn write(&mut self, batch: &RecordBatch) -> Result<(), SpillError> {
         self.check_usable()?;
-        // A view column is written as offsets (`crate::views`), which address 2 GiB
-        // of values a batch: a batch of more is written in slices.
-        if batch.num_rows() > 1 && self.too_many_view_bytes(batch) {
-            let half = batch.num_rows() / 2;
-            self.write(&batch.slice(0, half))?;
-            return self.write(&batch.slice(half, batch.num_rows() - half));
-        }
         let found = batch.schema_ref();
         if !self.takes(found) {
             return Err(SpillError::SchemaMismatch {
@@ -385,6 +382,20 @@ impl SpillWriter {
                 expected: self.schema.clone(),
                 found: found.clone(),
             });
+        }
+        // A view column is written as offsets (`crate::views`), which address 2 GiB
+        // of values a batch: a batch of more is written in slices (only one value
+        // of more cannot be, refused before anything is written).
+        if batch.num_rows() > 1 && self.too_many_view_bytes(batch) {
+            if let Some(source) = self.oversized_value(batch) {
+                return Err(SpillError::Arrow {
+                    path: self.path.clone(),
+                    source,
+                });
+            }
+            let half = batch.num_rows() / 2;
+            self.write(&batch.slice(0, half))?;
+            return self.write(&batch.slice(half, batch.num_rows() - half));
         }
         let new_segment = self.new_segment(batch);
         let segment_schema = match &new_segment {
@@ -414,6 +425,21 @@ impl SpillWriter {
             .any(|(c, f)| {
                 c.data_type() != f.data_type() && crate::views::value_bytes(c) > i32::MAX as usize
             })
+    }
+
+    /// The error for a value of a view column of `batch` that 32-bit offsets cannot
+    /// address on its own, if one is.
+    fn oversized_value(&self, batch: &RecordBatch) -> Option<ArrowError> {
+        let (column, bytes) = batch
+            .columns()
+            .iter()
+            .zip(self.file_schema.fields())
+            .filter(|(c, f)| c.data_type() != f.data_type())
+            .map(|(c, f)| (f.name(), crate::views::largest_value(c.as_ref())))
+            .find(|&(_, bytes)| bytes > i32::MAX as usize)?;
+        Some(ArrowError::InvalidArgumentError(format!(
+            "a value of {bytes} bytes in column {column} is more than a spill file addresses"
+        )))
     }
 
     /// The columns a new segment that begins with `batch` writes as `Int32`, if one

@@ -308,11 +308,11 @@ impl BuildCollector<'_> {
             } else {
                 batch_size
             };
-            // (Each slice's view data cut to its rows': a file writes every buffer
-            // an array has.)
+            // (A slice's view columns are written with only its rows' bytes: the
+            // writer stores them as offsets.)
             for start in (0..batch.num_rows()).step_by(slice_rows.max(1)) {
                 let len = slice_rows.max(1).min(batch.num_rows() - start);
-                write(&crate::gather::slice_batch(&batch, start, len)?)?;
+                write(&batch.slice(start, len))?;
             }
         }
         let mut transient = self.base.new_empty();

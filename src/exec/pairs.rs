@@ -289,12 +289,24 @@ const ONE_TABLE_ROWS: u64 = 1 << 20;
 /// worker's batches beside them. Rows of fixed-width columns are counted at their
 /// width in memory (a spill file may hold them narrower, [`spilljoin_spill::segment_schema`]);
 /// others at four times the file's bytes (their concatenation, the key encoding and
-/// the table).
+/// the table), and 12 bytes more a row for each view column (written as offsets).
 ///
 /// Counted by the file's bytes alone, a narrow build of fixed-width keys seemed to
 /// fit a share in a fraction of it, took several times its file's bytes in rows,
 /// table and hashes, and every pair was joined in chunks.
 fn pair_bytes(plan: &JoinPlan, build_file: &SpillFile) -> usize {
+    let view_columns = |schema: &arrow_schema::SchemaRef| {
+        schema
+            .fields()
+            .iter()
+            .filter(|f| {
+                matches!(
+                    f.data_type(),
+                    arrow_schema::DataType::Utf8View | arrow_schema::DataType::BinaryView
+                )
+            })
+            .count()
+    };
     let rows = usize::try_from(build_file.rows()).unwrap_or(usize::MAX);
     let file = usize::try_from(build_file.bytes()).unwrap_or(usize::MAX);
     let build = match crate::gather::fixed_widths(&plan.spill_schema(true)) {
@@ -303,7 +315,11 @@ fn pair_bytes(plan: &JoinPlan, build_file: &SpillFile) -> usize {
             rows.saturating_mul(widths.iter().sum::<usize>() + hashes)
                 .saturating_add(crate::table::ChainedTable::size_for(rows))
         }
-        None => file.saturating_mul(4),
+        // (A view column's row, 4 bytes of offset in the file, reads back as a
+        // 16-byte view.)
+        None => file
+            .saturating_mul(4)
+            .saturating_add(rows.saturating_mul(12 * view_columns(&plan.spill_schema(true)))),
     };
     let probe =
         crate::plan::probe_worker_bytes(plan.work_rows, plan.work_rows) + 3 * plan.work_rows * 32;

@@ -7,9 +7,9 @@
 //! concatenating them before the write copies every value twice and allocates a few
 //! buffers per arrival — and for strings it does worse: `take` of a view array
 //! copies only the views, so each small batch shares its input's data buffers, a
-//! concatenation of them lists those buffers once per small batch, and a spill file
-//! writes every buffer an array has (many times the rows' own bytes, for rows of a
-//! wide string payload). [`GatherBuffer`] copies each value once, offsets and views
+//! concatenation of them lists those buffers once per small batch, and an IPC
+//! message carries every buffer an array has (many times the rows' own bytes, for
+//! rows of a wide string payload). [`GatherBuffer`] copies each value once, offsets and views
 //! rewritten to point into data buffers of its own, into buffers that grow until the
 //! batch is written: what it holds, and what a spill file gets, is the rows' own
 //! bytes.
@@ -44,7 +44,6 @@
 //! | `dict` | dictionaries: keys remapped, values gathered once |
 //! | `bitmap` | validity bits and `Boolean` values |
 //! | `values` | the growing byte buffer under them all: heap, then an `mremap`ed anonymous map |
-//! | `slice` | cutting a gathered batch into spill-file pieces |
 
 mod bitmap;
 mod buffer;
@@ -53,13 +52,11 @@ mod dict;
 mod fixed;
 mod offsets;
 mod schema;
-mod slice;
 mod values;
 mod views;
 
 pub use buffer::{GatherBuffer, Growth};
 pub(crate) use schema::{fixed_widths, gatherable, halvable, halvable_fits};
-pub(crate) use slice::slice_batch;
 
 #[cfg(test)]
 mod tests;

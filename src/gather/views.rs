@@ -3,8 +3,8 @@
 //! rewritten to point there.
 //!
 //! Its own file because views are where gathering pays most: `take` of a view array
-//! copies only the views, sharing every data buffer of its input, and a spill file
-//! writes every buffer an array has.
+//! copies only the views, sharing every data buffer of its input. (A spill file
+//! holds view columns as offsets: see `offsets`, which gathers them so too.)
 
 use arrow_buffer::Buffer;
 use arrow_data::{ArrayData, ArrayDataBuilder, ByteView, MAX_INLINE_VIEW_LEN};

@@ -33,7 +33,8 @@ pub(crate) struct ProbeState {
     pub(super) writes_out: WritesOut,
     pub(super) spill_schema: SchemaRef,
     /// The schema its files hold ([`spilljoin_spill::file_schema`]: decimals of at
-    /// most 18 digits as `Int64`), in which rows are gathered: narrowed once, as
+    /// most 18 digits as `Int64`, view columns as offsets), in which rows are
+    /// gathered: narrowed once, as
     /// they are copied, rather than copied wide and narrowed again by the writer.
     pub(super) gather_schema: SchemaRef,
     /// Whether every column of the gather schema can be gathered ([`crate::gather`]).

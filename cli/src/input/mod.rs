@@ -242,6 +242,15 @@ impl Input {
         })
     }
 
+    /// The most bytes of decoded pages one reader of `columns` holds (Parquet; 0
+    /// for other formats, which decode a batch at a time).
+    pub fn page_bytes(&self, columns: &[usize]) -> u64 {
+        match &self.source {
+            Source::Parquet(p) => p.page_bytes(columns),
+            _ => 0,
+        }
+    }
+
     /// Whether [`statistics`](Self::statistics) gives the bytes of `columns` as
     /// Arrow arrays, rather than a lower bound of them (see
     /// `ParquetSource::bytes_known`; the other formats' are file sizes, scaled).

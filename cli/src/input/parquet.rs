@@ -18,7 +18,8 @@ use parquet::arrow::arrow_reader::{
     ParquetRecordBatchReaderBuilder,
 };
 use parquet::arrow::ProjectionMask;
-use parquet::file::metadata::PageIndexPolicy;
+use parquet::file::metadata::{ColumnChunkMetaData, PageIndexPolicy};
+use parquet::file::page_index::offset_index::OffsetIndexMetaData;
 
 use super::{BatchStream, Opener};
 use crate::failure::Kind;
@@ -33,6 +34,39 @@ struct ParquetFile {
     path: PathBuf,
     metadata: ArrowReaderMetadata,
 }
+
+/// What a reader holds of one column chunk's pages at most, uncompressed: its
+/// dictionary page and two of its largest data page (see
+/// [`ParquetSource::page_bytes`]); without a page index, a data page is taken to be
+/// the chunk or [`PAGE_BYTES_UNINDEXED`], whichever is smaller.
+fn chunk_page_bytes(chunk: &ColumnChunkMetaData, index: Option<&OffsetIndexMetaData>) -> u64 {
+    let compressed = u64::try_from(chunk.compressed_size()).unwrap_or(0).max(1);
+    let uncompressed = u64::try_from(chunk.uncompressed_size()).unwrap_or(0);
+    // Compressed bytes of the chunk, as uncompressed ones (its average ratio).
+    let scale = |bytes: u64| {
+        u64::try_from(u128::from(bytes) * u128::from(uncompressed) / u128::from(compressed))
+            .unwrap_or(u64::MAX)
+    };
+    let dictionary = chunk.dictionary_page_offset().map_or(0, |start| {
+        scale(u64::try_from(chunk.data_page_offset().saturating_sub(start)).unwrap_or(0))
+    });
+    let page = match index {
+        Some(index) => scale(
+            index
+                .page_locations()
+                .iter()
+                .map(|p| u64::try_from(p.compressed_page_size).unwrap_or(0))
+                .max()
+                .unwrap_or(0),
+        ),
+        None => uncompressed.min(PAGE_BYTES_UNINDEXED),
+    };
+    dictionary.saturating_add(page.saturating_mul(2))
+}
+
+/// A data page's size where a file has no page index: the 1 MiB most writers cut
+/// pages at (pyarrow and arrow-rs by default).
+const PAGE_BYTES_UNINDEXED: u64 = 1 << 20;
 
 /// A run of row groups of one file.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -118,6 +152,39 @@ impl ParquetSource {
                 })
             })
         })
+    }
+
+    /// The most bytes of decoded pages one reader of `columns` holds, from the
+    /// footers: per column chunk its dictionary page and twice its largest data
+    /// page (the page being decoded and the one before it, which a batch that
+    /// began there still points into: a view column's values stay in their page),
+    /// uncompressed, summed over a row group's columns; the largest row group's.
+    pub fn page_bytes(&self, columns: &[usize]) -> u64 {
+        self.files
+            .iter()
+            .flat_map(|file| {
+                let descr = file.metadata.parquet_schema();
+                let metadata = file.metadata.metadata();
+                let offsets = metadata.offset_index();
+                metadata
+                    .row_groups()
+                    .iter()
+                    .enumerate()
+                    .map(move |(g, group)| {
+                        group
+                            .columns()
+                            .iter()
+                            .enumerate()
+                            .filter(|(leaf, _)| columns.contains(&descr.get_column_root_idx(*leaf)))
+                            .map(|(leaf, chunk)| {
+                                let index = offsets.and_then(|o| o.get(g)?.get(leaf));
+                                chunk_page_bytes(chunk, index)
+                            })
+                            .sum::<u64>()
+                    })
+            })
+            .max()
+            .unwrap_or(0)
     }
 
     /// An estimate of the size of `columns` (indices into the schema) as Arrow arrays,
@@ -279,5 +346,50 @@ impl ParquetSource {
             rows_in_last += rows;
         }
         result
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use arrow_array::{ArrayRef, RecordBatch, StringViewArray};
+    use parquet::arrow::ArrowWriter;
+    use parquet::file::properties::WriterProperties;
+
+    use super::ParquetSource;
+
+    #[test]
+    fn page_bytes_are_a_row_groups_dictionary_and_two_largest_pages_a_column(
+    ) -> Result<(), Box<dyn std::error::Error>> {
+        let dir = tempfile::tempdir()?;
+        let path = dir.path().join("t.parquet");
+        // Two columns of distinct 100-byte strings (no dictionary pays), pages cut
+        // at 64 KiB, uncompressed: every data page about 64 KiB.
+        let column = |c: char| -> ArrayRef {
+            Arc::new(StringViewArray::from_iter_values(
+                (0..20_000).map(|i| format!("{c}{i:099}")),
+            ))
+        };
+        let batch = RecordBatch::try_from_iter([("a", column('a')), ("b", column('b'))])?;
+        let props = WriterProperties::builder()
+            .set_dictionary_enabled(false)
+            .set_data_page_size_limit(64 << 10)
+            .set_write_batch_size(256)
+            .build();
+        let mut writer =
+            ArrowWriter::try_new(std::fs::File::create(&path)?, batch.schema(), Some(props))?;
+        writer.write(&batch)?;
+        writer.close()?;
+        let source = ParquetSource::open(&[path])?;
+        let one = source.page_bytes(&[0]);
+        assert!((120 << 10..=180 << 10).contains(&one), "{one}");
+        let both = source.page_bytes(&[0, 1]);
+        assert!(
+            both >= 2 * one - 8192 && both <= 2 * one + 8192,
+            "{both} {one}"
+        );
+        assert_eq!(source.page_bytes(&[]), 0);
+        Ok(())
     }
 }

@@ -150,7 +150,7 @@ pub(crate) fn to_views(column: &ArrayRef, view: &DataType) -> Result<ArrayRef, A
         (DataType::Utf8View, DataType::Utf8) => {
             let strings = column.as_string::<i32>();
             let (views, data) = views_and_data(strings.offsets(), strings.values())?;
-            // SAFETY: every view is made by `make_view` from a whole value of a
+            // SAFETY: every view is made by `view_of` from a whole value of a
             // `StringArray` (valid UTF-8) in `data`, the array's one data buffer.
             let array = unsafe {
                 StringViewArray::new_unchecked(views, vec![data], strings.nulls().cloned())

@@ -2,9 +2,9 @@
 //!
 //! A `Utf8View` or `BinaryView` value takes a 16-byte view, plus its bytes when it
 //! is longer than 12; as `Utf8` or `Binary` it takes a 4-byte offset plus its bytes.
-//! The second is never larger (`4 + len` against `16`, or `16 + len`), and on the
-//! short columns of real tables (flags, codes, modes) it is a third of the size:
-//! TPC-H's line items take about 50 bytes less a row. So a spill file holds a view
+//! The second is never larger (`4 + len` against `16`, or `16 + len`), and for the
+//! short columns of real tables (flags, codes, modes) it is as little as a third:
+//! TPC-H's line items spill about 50 bytes less a row. So a spill file holds a view
 //! column of the caller's schema as offsets ([`crate::file_schema`] marks it with
 //! [`VIEW_KEY`]), the writer copies each row's bytes once into one data buffer
 //! (only the rows' own bytes, whatever buffers the input's views share), and the

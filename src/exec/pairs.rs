@@ -295,18 +295,6 @@ const ONE_TABLE_ROWS: u64 = 1 << 20;
 /// fit a share in a fraction of it, took several times its file's bytes in rows,
 /// table and hashes, and every pair was joined in chunks.
 fn pair_bytes(plan: &JoinPlan, build_file: &SpillFile) -> usize {
-    let view_columns = |schema: &arrow_schema::SchemaRef| {
-        schema
-            .fields()
-            .iter()
-            .filter(|f| {
-                matches!(
-                    f.data_type(),
-                    arrow_schema::DataType::Utf8View | arrow_schema::DataType::BinaryView
-                )
-            })
-            .count()
-    };
     let rows = usize::try_from(build_file.rows()).unwrap_or(usize::MAX);
     let file = usize::try_from(build_file.bytes()).unwrap_or(usize::MAX);
     let build = match crate::gather::fixed_widths(&plan.spill_schema(true)) {
@@ -317,9 +305,21 @@ fn pair_bytes(plan: &JoinPlan, build_file: &SpillFile) -> usize {
         }
         // (A view column's row, 4 bytes of offset in the file, reads back as a
         // 16-byte view.)
-        None => file
-            .saturating_mul(4)
-            .saturating_add(rows.saturating_mul(12 * view_columns(&plan.spill_schema(true)))),
+        None => {
+            let schema = plan.spill_schema(true);
+            let views = schema
+                .fields()
+                .iter()
+                .filter(|f| {
+                    matches!(
+                        f.data_type(),
+                        arrow_schema::DataType::Utf8View | arrow_schema::DataType::BinaryView
+                    )
+                })
+                .count();
+            file.saturating_mul(4)
+                .saturating_add(rows.saturating_mul(12 * views))
+        }
     };
     let probe =
         crate::plan::probe_worker_bytes(plan.work_rows, plan.work_rows) + 3 * plan.work_rows * 32;

@@ -30,7 +30,8 @@ extensions_options! {
         /// Worker threads of each join execution. 0: one per partition of a
         /// `Partitioned` join (DataFusion runs the partitions side by side), and
         /// `target_partitions` for a `CollectLeft` join, which runs once for all of
-        /// them.
+        /// them (or builds once for all of them, and probes one per partition, where
+        /// its output keeps the probe's partitioning).
         pub threads: usize, default = 0
     }
 }

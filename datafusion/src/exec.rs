@@ -14,10 +14,13 @@
 //!   Unmatched build rows, `NOT IN` facts and the probe's null keys then need no
 //!   coordination between partitions, and a `NOT IN` can build on the subquery side.
 //!   Sharing the output is only right where `HashJoinExec` does not promise that
-//!   output partition `i` holds probe partition `i`'s rows (a hash- or
-//!   range-partitioned probe); [`SpilljoinExec::try_new`] refuses those joins, and
-//!   joins with an output ordering (the engine does not keep the probe's order), and
-//!   the rule leaves them to `HashJoinExec`.
+//!   output partition `i` holds probe partition `i`'s rows.
+//! - `CollectLeft` where it does (a hash- or range-partitioned probe, and a join
+//!   type that outputs probe rows only): the build is prepared once and each output
+//!   partition probes it with its own probe partition ([`crate::shared_build`]).
+//!
+//! [`SpilljoinExec::try_new`] refuses joins with an output ordering (the engine does
+//! not keep the probe's order); the rule leaves them to `HashJoinExec`.
 
 use std::fmt;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -36,10 +39,13 @@ use datafusion::physical_plan::{
     ExecutionPlanProperties, InputDistributionRequirements, Partitioning, PlanProperties,
 };
 use datafusion::physical_plan::{ChildStats, StatisticsArgs};
-use futures::{StreamExt, TryStreamExt};
+use futures::future::BoxFuture;
+use futures::{FutureExt, StreamExt, TryStreamExt};
 
 use crate::execution::{engine_join, Shared};
+use crate::metrics::Report;
 use crate::run::{Inputs, Run};
+use crate::shared_build::{attach as attach_build, SharedBuild};
 use crate::translate::Definition;
 
 /// A hash join that spills: see the module docs.
@@ -50,6 +56,9 @@ pub struct SpilljoinExec {
     /// The run all partitions of a `CollectLeft` join share (held weakly: see
     /// [`Shared`]).
     shared: Arc<Mutex<Shared>>,
+    /// The build all partitions of a `CollectLeft` join that keeps the probe's
+    /// partitioning probe (held weakly: see [`SharedBuild`]).
+    shared_build: Arc<Mutex<SharedBuild>>,
     /// How many join executions of the plan share the memory pool (see
     /// [`SpilljoinExec::set_pool_share`]).
     pool_share: AtomicUsize,
@@ -60,9 +69,8 @@ impl SpilljoinExec {
     ///
     /// # Errors
     /// `NotImplemented` when it cannot run it with the same plan properties: a
-    /// partition mode of `Auto`, an output ordering, a `CollectLeft` join whose output
-    /// partitioning follows the probe's hash or range partitioning, a dynamic filter
-    /// already pushed to the probe, or keys the engine cannot hash.
+    /// partition mode of `Auto`, an output ordering, a dynamic filter already pushed
+    /// to the probe, or keys the engine cannot hash.
     pub fn try_new(hash: Arc<HashJoinExec>) -> Result<Self> {
         check_supported(&hash)?;
         let definition = Arc::new(Definition::new(&hash)?);
@@ -71,6 +79,7 @@ impl SpilljoinExec {
             definition,
             metrics: ExecutionPlanMetricsSet::new(),
             shared: Arc::new(Mutex::new(Shared::default())),
+            shared_build: Arc::new(Mutex::new(SharedBuild::default())),
             pool_share: AtomicUsize::new(1),
         })
     }
@@ -133,15 +142,31 @@ fn check_supported(hash: &HashJoinExec) -> Result<()> {
     match hash.mode {
         PartitionMode::Partitioned => Ok(()),
         PartitionMode::Auto => refuse("partition mode Auto (run after JoinSelection)"),
-        PartitionMode::CollectLeft => match hash.properties().output_partitioning() {
-            Partitioning::Hash(..) | Partitioning::Range(..)
-                if hash.right().output_partitioning().partition_count() > 1 =>
-            {
-                refuse("a CollectLeft join whose output keeps the probe's partitioning")
-            }
-            _ => Ok(()),
-        },
+        PartitionMode::CollectLeft
+            if keeps_probe_partitioning(hash) && !outputs_probe_only(hash) =>
+        {
+            refuse("a CollectLeft join that keeps the probe's partitioning and outputs build rows")
+        }
+        PartitionMode::CollectLeft => Ok(()),
     }
+}
+
+/// Whether `hash`'s output partition `i` must hold the rows of probe partition `i`.
+fn keeps_probe_partitioning(hash: &HashJoinExec) -> bool {
+    matches!(
+        hash.properties().output_partitioning(),
+        Partitioning::Hash(..) | Partitioning::Range(..)
+    ) && hash.right().output_partitioning().partition_count() > 1
+}
+
+/// Whether `hash` outputs rows of its probe (right) side only, so each probe
+/// partition can be joined alone with the whole build.
+fn outputs_probe_only(hash: &HashJoinExec) -> bool {
+    use datafusion::common::JoinType as T;
+    matches!(
+        hash.join_type(),
+        T::Inner | T::Right | T::RightSemi | T::RightAnti | T::RightMark
+    ) && !hash.null_aware
 }
 
 impl fmt::Debug for SpilljoinExec {
@@ -244,7 +269,7 @@ impl ExecutionPlan for SpilljoinExec {
         let fetch = self.hash.fetch();
         let starting = self.starter(partition, partitions, context);
         let output = futures::stream::once(async move {
-            let run = starting()?;
+            let run = starting.await?;
             Ok::<_, DataFusionError>(output_stream(run, baseline, fetch))
         })
         .try_flatten();
@@ -291,13 +316,16 @@ impl SpilljoinExec {
         partition: usize,
         partitions: usize,
         context: Arc<TaskContext>,
-    ) -> impl FnOnce() -> Result<Option<Arc<Run>>> + Send + 'static {
+    ) -> BoxFuture<'static, Result<Option<Arc<Run>>>> {
         let hash = Arc::clone(&self.hash);
         let definition = Arc::clone(&self.definition);
-        let shared = Arc::clone(&self.shared);
-        let report = crate::metrics::Report::new(&self.metrics, partition);
+        let report = Report::new(&self.metrics, partition);
         let share = self.pool_share();
-        move || {
+        if hash.mode == PartitionMode::CollectLeft && keeps_probe_partitioning(&hash) {
+            return self.probe_shared_build(partition, partitions, context, report);
+        }
+        let shared = Arc::clone(&self.shared);
+        async move {
             let start = |inputs: Inputs, threads: usize| {
                 let join = engine_join(&definition, &context, partition, threads, share)?;
                 Run::start(Arc::clone(&definition), join, inputs, report)
@@ -326,6 +354,52 @@ impl SpilljoinExec {
                 }
             }
         }
+        .boxed()
+    }
+
+    /// Partition `partition`'s run where the output keeps the probe's partitioning:
+    /// the shared prepared build (started by the first partition), probed with this
+    /// partition's probe input alone.
+    fn probe_shared_build(
+        &self,
+        partition: usize,
+        partitions: usize,
+        context: Arc<TaskContext>,
+        report: Report,
+    ) -> BoxFuture<'static, Result<Option<Arc<Run>>>> {
+        let hash = Arc::clone(&self.hash);
+        let definition = Arc::clone(&self.definition);
+        let share = self.pool_share();
+        let shared = Arc::clone(&self.shared_build);
+        let metrics = self.metrics.clone();
+        async move {
+            // The engine builds on DataFusion's left input, its own right for
+            // `RightMark` (see `crate::translate`).
+            let build_is_left = !definition.swapped;
+            let threads = context.session_config().target_partitions();
+            let start = || {
+                let join = engine_join(&definition, &context, partition, threads, share)?;
+                let input = hash.left().execute(0, Arc::clone(&context))?;
+                let report = Report::new(&metrics, partition);
+                Ok((join, input, Arc::clone(&definition), report))
+            };
+            let build = attach_build(&shared, partition, partitions, start, build_is_left)?;
+            let prepared = build.prepared().await?;
+            let join = engine_join(&definition, &context, partition, 1, share)?;
+            let probe = hash.right().execute(partition, Arc::clone(&context))?;
+            let probe_is_left = !build_is_left;
+            Run::start_probe(
+                definition,
+                join,
+                prepared,
+                probe,
+                probe_is_left,
+                build,
+                report,
+            )
+            .map(Some)
+        }
+        .boxed()
     }
 }
 

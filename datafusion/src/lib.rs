@@ -34,6 +34,7 @@ mod memory;
 mod metrics;
 mod rule;
 mod run;
+mod shared_build;
 mod translate;
 
 pub use config::{with_spilljoin_config, SpilljoinConfig};

@@ -28,11 +28,12 @@ use datafusion::common::Result;
 use datafusion::execution::SendableRecordBatchStream;
 use futures::future::{select, Either};
 use futures::StreamExt;
-use spilljoin::{CancelHandle, HashJoin, JoinMetrics};
+use spilljoin::{CancelHandle, HashJoin, JoinMetrics, PreparedBuild};
 use tokio::sync::{mpsc, watch, Mutex};
 
 use crate::error::to_datafusion;
 use crate::metrics::Report;
+use crate::shared_build::BuildHandle;
 use crate::translate::{to_arrow, Definition, InputMap};
 
 /// Output batches in flight between the pump thread and the output streams.
@@ -47,6 +48,25 @@ pub(crate) struct Run {
     pump: std::sync::Mutex<Option<JoinHandle<()>>>,
     /// Set when the engine's stream has ended and every batch went into the channel.
     completed: Arc<AtomicBool>,
+    /// The prepared build this run probes, kept for the other partitions while the
+    /// run lives (dropped after the pump: see [`crate::shared_build`]).
+    _build: Option<Arc<BuildHandle>>,
+}
+
+/// What a run's input side is made of, besides the engine's stream.
+struct Wiring {
+    stop: watch::Sender<bool>,
+    tasks: Vec<SpawnedTask<()>>,
+    build: Option<Arc<BuildHandle>>,
+}
+
+/// Where the pump thread puts the engine's output and figures.
+struct Output {
+    definition: Arc<Definition>,
+    sender: mpsc::Sender<Result<RecordBatch>>,
+    report: Report,
+    /// A probe of a prepared build: the build's figures are the build's report's.
+    probe_only: bool,
 }
 
 /// The input streams of one execution, in the engine's terms (left and right).
@@ -86,21 +106,76 @@ impl Run {
         let stream = join
             .execute_partitioned(left, right)
             .map_err(to_datafusion)?;
+        let wiring = Wiring {
+            stop,
+            tasks,
+            build: None,
+        };
+        Self::pumping(definition, join, stream, wiring, report)
+    }
+
+    /// Starts probing `prepared` with `probe`, one partition of the join's probe
+    /// input (`probe_is_left`: the engine's left input), holding `build` while it
+    /// runs. Call it from DataFusion's runtime.
+    ///
+    /// # Errors
+    /// The engine's thread could not start.
+    pub(crate) fn start_probe(
+        definition: Arc<Definition>,
+        join: HashJoin,
+        prepared: PreparedBuild,
+        probe: SendableRecordBatchStream,
+        probe_is_left: bool,
+        build: Arc<BuildHandle>,
+        report: Report,
+    ) -> Result<Arc<Run>> {
+        let (stop, stopped) = watch::channel(false);
+        let (task, input) = forward(probe, stopped);
+        let input = input.mapped(Arc::clone(&definition), probe_is_left);
+        let stream = join
+            .execute_prepared(prepared, input)
+            .map_err(to_datafusion)?;
+        let wiring = Wiring {
+            stop,
+            tasks: vec![task],
+            build: Some(build),
+        };
+        Self::pumping(definition, join, stream, wiring, report)
+    }
+
+    /// The run of `stream`: its output pumped into the channel by a thread.
+    fn pumping(
+        definition: Arc<Definition>,
+        join: HashJoin,
+        stream: spilljoin::JoinStream,
+        wiring: Wiring,
+        report: Report,
+    ) -> Result<Arc<Run>> {
         let cancel = stream.cancel_handle();
         let (sender, receiver) = mpsc::channel(OUTPUT_CHANNEL_BATCHES);
         let completed = Arc::new(AtomicBool::new(false));
         let done = Arc::clone(&completed);
+        let probe_only = wiring.build.is_some();
         let pump = std::thread::Builder::new()
             .name("spilljoin-output".into())
-            .spawn(move || pump(stream, join, definition, sender, report, &done))
+            .spawn(move || {
+                let output = Output {
+                    definition,
+                    sender,
+                    report,
+                    probe_only,
+                };
+                pump(stream, join, output, &done)
+            })
             .map_err(|e| datafusion::common::DataFusionError::External(Box::new(e)))?;
         Ok(Arc::new(Run {
             output: Mutex::new(Some(receiver)),
             cancel,
-            stop,
-            inputs: std::sync::Mutex::new(tasks),
+            stop: wiring.stop,
+            inputs: std::sync::Mutex::new(wiring.tasks),
             pump: std::sync::Mutex::new(Some(pump)),
             completed,
+            _build: wiring.build,
         }))
     }
 
@@ -137,22 +212,15 @@ impl Drop for Run {
 /// The pump thread: the engine's output into the channel, then the final figures;
 /// the engine's stream is dropped (threads joined, files removed) before the
 /// channel closes, so a consumer that saw the end sees the cleanup done.
-fn pump(
-    mut stream: spilljoin::JoinStream,
-    join: HashJoin,
-    definition: Arc<Definition>,
-    sender: mpsc::Sender<Result<RecordBatch>>,
-    report: Report,
-    completed: &AtomicBool,
-) {
+fn pump(mut stream: spilljoin::JoinStream, join: HashJoin, output: Output, completed: &AtomicBool) {
     let started = std::time::Instant::now();
     let mut all_sent = true;
     for item in stream.by_ref() {
         let item = item
             .map_err(to_datafusion)
-            .and_then(|batch| definition.output_batch(batch));
+            .and_then(|batch| output.definition.output_batch(batch));
         let failed = item.is_err();
-        if sender.blocking_send(item).is_err() || failed {
+        if output.sender.blocking_send(item).is_err() || failed {
             all_sent = false;
             break;
         }
@@ -160,22 +228,26 @@ fn pump(
     // Before the channel closes: a partition that attaches once the run is gone
     // must know whether its output is all out.
     completed.store(all_sent, Ordering::Release);
-    let metrics: JoinMetrics = stream.metrics();
+    let mut metrics: JoinMetrics = stream.metrics();
     drop(stream);
     drop(join);
-    report.record(&metrics, started.elapsed());
-    drop(sender);
+    if output.probe_only {
+        metrics.build_rows = 0;
+        metrics.build_time = std::time::Duration::ZERO;
+    }
+    output.report.record(&metrics, started.elapsed());
+    drop(output.sender);
 }
 
 /// A DataFusion stream driven by a task on the runtime, read by an engine thread.
-struct BlockingInput {
+pub(crate) struct BlockingInput {
     batches: mpsc::Receiver<Result<RecordBatch>>,
     stopped: watch::Receiver<bool>,
     done: bool,
 }
 
 /// Spawns the task that forwards `stream`'s batches, and returns its reading end.
-fn forward(
+pub(crate) fn forward(
     mut stream: SendableRecordBatchStream,
     stopped: watch::Receiver<bool>,
 ) -> (SpawnedTask<()>, BlockingInput) {
@@ -200,7 +272,7 @@ fn forward(
 
 impl BlockingInput {
     /// The engine's view of these batches (renamed columns, computed keys).
-    fn mapped(
+    pub(crate) fn mapped(
         self,
         definition: Arc<Definition>,
         left: bool,

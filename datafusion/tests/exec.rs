@@ -157,12 +157,17 @@ async fn dropping_the_stream_frees_memory_and_files_at_once() {
     ));
     let pool: Arc<dyn MemoryPool> = Arc::clone(&tracked) as _;
     let s = session(true, pool, dir.path(), true).await;
-    let sql = "SELECT a.s, b.w FROM a JOIN b ON a.k = b.k";
-    for (mode, round) in [
-        ("CollectLeft", 0),
-        ("CollectLeft", 1),
-        ("Partitioned", 0),
-        ("Partitioned", 1),
+    let join = "SELECT a.s, b.w FROM a JOIN b ON a.k = b.k";
+    // CollectLeft over a hash-partitioned probe: one prepared build, a probe each.
+    let keeping = "SELECT c.t, g.j FROM c JOIN \
+                   (SELECT k % 400 AS j, count(*) AS n FROM a GROUP BY k % 400) g ON c.j = g.j";
+    for (mode, round, sql) in [
+        ("CollectLeft", 0, join),
+        ("CollectLeft", 1, join),
+        ("CollectLeft", 2, keeping),
+        ("CollectLeft", 3, keeping),
+        ("Partitioned", 0, join),
+        ("Partitioned", 1, join),
     ] {
         if mode == "Partitioned" && round == 0 {
             for setting in [
@@ -179,7 +184,16 @@ async fn dropping_the_stream_frees_memory_and_files_at_once() {
             .one_line()
             .to_string();
         assert!(shown.contains(&format!("mode={mode}")), "{shown}");
-        let partitions = join.properties().output_partitioning().partition_count();
+        let partitioning = join.properties().output_partitioning();
+        assert_eq!(
+            matches!(
+                partitioning,
+                datafusion::physical_plan::Partitioning::Hash(..)
+            ),
+            sql == keeping || mode == "Partitioned",
+            "{mode} {round}: {partitioning:?}"
+        );
+        let partitions = partitioning.partition_count();
         let mut streams: Vec<_> = (0..partitions)
             .map(|p| join.execute(p, s.ctx.task_ctx()).unwrap())
             .collect();
@@ -307,4 +321,108 @@ fn joins_spilled(plan: &Arc<dyn ExecutionPlan>) -> Vec<usize> {
         out.extend(joins_spilled(child));
     }
     out
+}
+
+/// A `CollectLeft` join whose output keeps its hash-partitioned probe's partitioning
+/// (the probe is an aggregate's output) is replaced, and the plan above that relies
+/// on the partitioning (an aggregate grouping by the key without repartitioning)
+/// gets the same answer as stock DataFusion: each output partition probes the one
+/// prepared build with its own probe partition. With and without forced spilling,
+/// and in a pool where the build must spill.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn collect_left_keeps_the_probe_partitioning() {
+    let dir = tempfile::tempdir().unwrap();
+    let g = "(SELECT k % 400 AS j, count(*) AS n, sum(v) AS sw FROM a GROUP BY k % 400)";
+    let queries = [
+        format!("SELECT c.t, g.j, g.n FROM c JOIN {g} g ON c.j = g.j"),
+        format!("SELECT g.j, sum(g.n), count(c.t) FROM c JOIN {g} g ON c.j = g.j GROUP BY g.j"),
+        format!("SELECT c.t, g.j, g.sw FROM c RIGHT JOIN {g} g ON c.j = g.j AND g.n > 250"),
+        format!("SELECT g.j, g.n FROM {g} g WHERE g.j IN (SELECT j FROM c WHERE t > 'c-5')"),
+        format!("SELECT g.j, g.n FROM {g} g WHERE NOT EXISTS (SELECT 1 FROM c WHERE c.j = g.j)"),
+        format!(
+            "SELECT g.j FROM {g} g WHERE EXISTS (SELECT 1 FROM c WHERE c.j = g.j) OR g.n > 255"
+        ),
+    ];
+    let collect_left = |s: &Session| {
+        let sets = [
+            "SET datafusion.optimizer.hash_join_single_partition_threshold = 1000000000000",
+            "SET datafusion.optimizer.hash_join_single_partition_threshold_rows = 1000000000000",
+        ];
+        let ctx = s.ctx.clone();
+        async move {
+            for set in sets {
+                ctx.sql(set).await.unwrap().collect().await.unwrap();
+            }
+        }
+    };
+    let stock = session(false, unbounded(), dir.path(), false).await;
+    collect_left(&stock).await;
+    let sessions = [
+        (
+            "no limit",
+            session(true, unbounded(), dir.path(), false).await,
+        ),
+        (
+            "forced spill",
+            session(true, unbounded(), dir.path(), true).await,
+        ),
+        (
+            "256 KiB pool",
+            session(
+                true,
+                Arc::new(FairSpillPool::new(256 << 10)),
+                dir.path(),
+                false,
+            )
+            .await,
+        ),
+    ];
+    let mut join_types = std::collections::BTreeSet::new();
+    for (label, s) in &sessions {
+        collect_left(s).await;
+        for sql in &queries {
+            let expected = sorted_rows(&stock.ctx.sql(sql).await.unwrap().collect().await.unwrap());
+            assert!(!expected.is_empty(), "{sql}");
+            let plan = plan(s, sql).await;
+            let joins = spilling_joins(&plan);
+            assert_eq!(count_nodes(&plan, "HashJoinExec"), 0, "{label} {sql}");
+            let keeping: Vec<_> = joins
+                .iter()
+                .filter(|j| {
+                    let hash = j.hash_join();
+                    hash.mode == datafusion::physical_plan::joins::PartitionMode::CollectLeft
+                        && matches!(
+                            hash.properties().output_partitioning(),
+                            datafusion::physical_plan::Partitioning::Hash(..)
+                        )
+                })
+                .collect();
+            assert!(
+                !keeping.is_empty(),
+                "{label} {sql}: no CollectLeft join keeps the probe's partitioning:\n{}",
+                datafusion::physical_plan::displayable(plan.as_ref()).indent(true)
+            );
+            join_types.extend(
+                keeping
+                    .iter()
+                    .map(|j| format!("{:?}", j.hash_join().join_type())),
+            );
+            let out = collect(Arc::clone(&plan), s.ctx.task_ctx()).await.unwrap();
+            assert_eq!(sorted_rows(&out), expected, "{label} {sql}");
+            if *label != "no limit" {
+                assert!(
+                    joins_spilled(&plan).iter().any(|&b| b > 0),
+                    "{label} {sql}: the build spilled"
+                );
+            }
+            assert_eq!(s.pool.reserved(), 0, "{label} {sql}");
+        }
+    }
+    let want = ["Inner", "Right", "RightSemi", "RightAnti", "RightMark"];
+    assert_eq!(
+        join_types,
+        want.iter().map(|t| t.to_string()).collect(),
+        "join types that output probe rows only"
+    );
+    assert_eq!(spill_files(dir.path()), 0);
 }

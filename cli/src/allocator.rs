@@ -122,7 +122,7 @@ pub fn release_free_memory() {
 /// peak lower than every 25 ms), and reading `/proc/self/statm` costs microseconds.
 /// Trimming has no use far from the bound, and a freed page that is trimmed must be
 /// faulted in and zeroed again when reused, so it is done only when the RSS is within
-/// [`TRIM_MARGIN`] of the bound. A join's heap holds more than its live memory: what
+/// [`trim_margin`] of the bound. A join's heap holds more than its live memory: what
 /// its threads freed since the last trim and are about to reuse. Trimming that
 /// working set away over and over costs more than the trim saves: with 24 MiB, SF1
 /// orders ⋈ lineitem with every column under 46 MiB trimmed every 25 ms, 13 MiB
@@ -133,9 +133,14 @@ pub struct ReleaseOnPhaseChange {
     thread: Option<std::thread::JoinHandle<()>>,
 }
 
-/// How far below the bound `1.1 × limit + 64 MiB` the resident memory is trimmed: room
-/// for what the join's threads touch in one [`TRIM_INTERVAL`].
-pub const TRIM_MARGIN: u64 = 12 << 20;
+/// How far below the bound `1.1 × limit + 64 MiB` the resident memory is trimmed under
+/// `limit_bytes`: room for what the join's threads touch in one [`TRIM_INTERVAL`],
+/// which grows with the limit (the engine's pieces and batches are shares of it):
+/// 10 MiB and a thirty-second of the limit. With 12 MiB for every limit, wide rows
+/// (2 KB) under 256 MiB peaked 0.3 MiB below the bound.
+pub fn trim_margin(limit_bytes: u64) -> u64 {
+    (10 << 20) + limit_bytes / 32
+}
 
 /// How often the resident memory is checked while a join runs.
 pub const TRIM_INTERVAL: std::time::Duration = std::time::Duration::from_millis(5);
@@ -145,7 +150,7 @@ impl ReleaseOnPhaseChange {
     pub fn start(metrics: spilljoin::MetricsHandle, limit_bytes: u64) -> Self {
         use std::sync::atomic::Ordering;
         let bound = limit_bytes.saturating_add(limit_bytes / 10 + (64 << 20));
-        let threshold = bound.saturating_sub(TRIM_MARGIN);
+        let threshold = bound.saturating_sub(trim_margin(limit_bytes));
         let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
         let flag = std::sync::Arc::clone(&stop);
         let thread = std::thread::Builder::new()

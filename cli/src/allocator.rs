@@ -124,10 +124,10 @@ pub fn release_free_memory() {
 /// faulted in and zeroed again when reused, so it is done only when the RSS is within
 /// [`trim_margin`] of the bound. A join's heap holds more than its live memory: what
 /// its threads freed since the last trim and are about to reuse. Trimming that
-/// working set away over and over costs more than the trim saves: with 24 MiB, SF1
-/// orders ⋈ lineitem with every column under 46 MiB trimmed every 25 ms, 13 MiB
-/// each time, and took 2.4 s with 380,000 page faults; with 12 MiB, 1.8 s and
-/// 190,000, its peak RSS 106 MiB against a bound of 115.
+/// working set away over and over costs more than the trim saves: within 24 MiB, SF1
+/// orders ⋈ lineitem with every column under 46 MiB took 2.4 s with 380,000 page
+/// faults (100,000 untrimmed); within 12 MiB, 1.8 s and 190,000, its peak RSS
+/// 106 MiB against a bound of 115.
 pub struct ReleaseOnPhaseChange {
     stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
     thread: Option<std::thread::JoinHandle<()>>,

@@ -99,7 +99,11 @@ impl SpilljoinExec {
     }
 
     /// The engine executions this join makes: one per output partition, or one for
-    /// all of them (`CollectLeft`).
+    /// all of them (`CollectLeft`). A `CollectLeft` join whose output keeps the
+    /// probe's partitioning counts once too: its build, planned for the share, leaves
+    /// room for its one-thread probes as for one probe of `target_partitions` threads
+    /// (counting a probe per partition halved that room, and the probes of the
+    /// `collect_left_keeps_the_probe_partitioning` test ran out of memory).
     pub fn executions(&self) -> usize {
         match self.hash.mode {
             PartitionMode::CollectLeft => 1,

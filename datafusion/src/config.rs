@@ -27,6 +27,13 @@ extensions_options! {
         /// Apply `force_spill` also to the levels that join spilled pairs, down to
         /// this depth.
         pub force_spill_depth: u32, default = 0
+        /// Replace a `CollectLeft` join whose output keeps its hash-partitioned
+        /// probe's partitioning too: the build is prepared once and each output
+        /// partition probes it alone. Off by default: at TPC-H SF1 under a 16 MiB
+        /// fair pool it made Q7 run out of memory and Q5 stall (every engine thread
+        /// waiting for input, DataFusion's runtime idle), where these joins left to
+        /// `HashJoinExec` finish.
+        pub prepared_collect_left: bool, default = false
         /// Worker threads of each join execution. 0: one per partition of a
         /// `Partitioned` join (DataFusion runs the partitions side by side), and
         /// `target_partitions` for a `CollectLeft` join, which runs once for all of

@@ -18,6 +18,7 @@
 //! - `CollectLeft` where it does (a hash- or range-partitioned probe, and a join
 //!   type that outputs probe rows only): the build is prepared once and each output
 //!   partition probes it with its own probe partition ([`crate::shared_build`]).
+//!   The rule makes these only with `spilljoin.prepared_collect_left` (see its docs).
 //!
 //! [`SpilljoinExec::try_new`] refuses joins with an output ordering (the engine does
 //! not keep the probe's order); the rule leaves them to `HashJoinExec`.
@@ -155,12 +156,15 @@ fn check_supported(hash: &HashJoinExec) -> Result<()> {
     }
 }
 
-/// Whether `hash`'s output partition `i` must hold the rows of probe partition `i`.
-fn keeps_probe_partitioning(hash: &HashJoinExec) -> bool {
-    matches!(
-        hash.properties().output_partitioning(),
-        Partitioning::Hash(..) | Partitioning::Range(..)
-    ) && hash.right().output_partitioning().partition_count() > 1
+/// Whether `hash` is a `CollectLeft` join whose output partition `i` must hold the
+/// rows of probe partition `i`.
+pub(crate) fn keeps_probe_partitioning(hash: &HashJoinExec) -> bool {
+    hash.mode == PartitionMode::CollectLeft
+        && matches!(
+            hash.properties().output_partitioning(),
+            Partitioning::Hash(..) | Partitioning::Range(..)
+        )
+        && hash.right().output_partitioning().partition_count() > 1
 }
 
 /// Whether `hash` outputs rows of its probe (right) side only, so each probe

@@ -26,6 +26,7 @@ use datafusion::physical_plan::joins::HashJoinExec;
 use datafusion::physical_plan::ExecutionPlan;
 
 use crate::config::SpilljoinConfig;
+use crate::exec::keeps_probe_partitioning;
 use crate::SpilljoinExec;
 
 /// Replaces every `HashJoinExec` it can by a [`SpilljoinExec`] (see the module
@@ -46,7 +47,8 @@ impl PhysicalOptimizerRule for SpilljoinRule {
         plan: Arc<dyn ExecutionPlan>,
         config: &ConfigOptions,
     ) -> Result<Arc<dyn ExecutionPlan>> {
-        if !SpilljoinConfig::from_session(config).enabled {
+        let settings = SpilljoinConfig::from_session(config);
+        if !settings.enabled {
             return Ok(plan);
         }
         let plan = plan
@@ -54,6 +56,9 @@ impl PhysicalOptimizerRule for SpilljoinRule {
                 let Some(hash) = node.downcast_ref::<HashJoinExec>() else {
                     return Ok(Transformed::no(node));
                 };
+                if !settings.prepared_collect_left && keeps_probe_partitioning(hash) {
+                    return Ok(Transformed::no(node));
+                }
                 // The builder keeps every field of the node, its properties included.
                 let hash = Arc::new(hash.builder().build()?);
                 Ok(match SpilljoinExec::try_new(hash) {

@@ -46,7 +46,7 @@ use futures::{FutureExt, StreamExt, TryStreamExt};
 use crate::execution::{engine_join, Shared};
 use crate::metrics::Report;
 use crate::run::{Inputs, Run};
-use crate::shared_build::{attach as attach_build, SharedBuild};
+use crate::shared_build::{attach as attach_build, BuildHandle, SharedBuild};
 use crate::translate::Definition;
 
 /// A hash join that spills: see the module docs.
@@ -389,9 +389,10 @@ impl SpilljoinExec {
                 let join = engine_join(&definition, &context, partition, threads, share)?;
                 let input = hash.left().execute(0, Arc::clone(&context))?;
                 let report = Report::new(&metrics, partition);
-                Ok((join, input, Arc::clone(&definition), report))
+                let definition = Arc::clone(&definition);
+                BuildHandle::start(definition, join, input, build_is_left, report)
             };
-            let build = attach_build(&shared, partition, partitions, start, build_is_left)?;
+            let build = attach_build(&shared, partition, partitions, start)?;
             let prepared = build.prepared().await?;
             let join = engine_join(&definition, &context, partition, 1, share)?;
             let probe = hash.right().execute(partition, Arc::clone(&context))?;

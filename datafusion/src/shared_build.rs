@@ -49,7 +49,7 @@ impl BuildHandle {
     ///
     /// # Errors
     /// The prepare thread could not start.
-    fn start(
+    pub(crate) fn start(
         definition: Arc<Definition>,
         join: HashJoin,
         build: SendableRecordBatchStream,
@@ -129,8 +129,7 @@ pub(crate) fn attach(
     shared: &Mutex<SharedBuild>,
     partition: usize,
     partitions: usize,
-    start: impl FnOnce() -> Result<(HashJoin, SendableRecordBatchStream, Arc<Definition>, Report)>,
-    build_is_left: bool,
+    start: impl FnOnce() -> Result<BuildHandle>,
 ) -> Result<Arc<BuildHandle>> {
     let mut slot = shared
         .lock()
@@ -143,14 +142,7 @@ pub(crate) fn attach(
         slot.attached[partition] = true;
         return Ok(build);
     }
-    let (join, input, definition, report) = start()?;
-    let build = Arc::new(BuildHandle::start(
-        definition,
-        join,
-        input,
-        build_is_left,
-        report,
-    )?);
+    let build = Arc::new(start()?);
     slot.build = Arc::downgrade(&build);
     slot.attached = vec![false; partitions];
     slot.attached[partition] = true;

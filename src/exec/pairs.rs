@@ -297,7 +297,8 @@ const ONE_TABLE_ROWS: u64 = 1 << 20;
 fn pair_bytes(plan: &JoinPlan, build_file: &SpillFile) -> usize {
     let rows = usize::try_from(build_file.rows()).unwrap_or(usize::MAX);
     let file = usize::try_from(build_file.bytes()).unwrap_or(usize::MAX);
-    let build = match crate::gather::fixed_widths(&plan.spill_schema(true)) {
+    let schema = plan.spill_schema(true);
+    let build = match crate::gather::fixed_widths(&schema) {
         Some(widths) => {
             let hashes = if plan.spills_hashes() { 0 } else { 8 };
             rows.saturating_mul(widths.iter().sum::<usize>() + hashes)
@@ -306,7 +307,6 @@ fn pair_bytes(plan: &JoinPlan, build_file: &SpillFile) -> usize {
         // (A view column's row, 4 bytes of offset in the file, reads back as a
         // 16-byte view.)
         None => {
-            let schema = plan.spill_schema(true);
             let views = schema
                 .fields()
                 .iter()

@@ -287,10 +287,10 @@ fn build(data: ArrayDataBuilder) -> Result<ArrayData> {
     // SAFETY: the buffers are what the builder's type needs for its rows, and their
     // values are valid: every value is a whole value of a valid source array
     // of this type (or, for an offsets column, of its view type), copied as it
-    // was (a string is a whole UTF-8 string, a view
-    // keeps its length and prefix and points at the bytes copied for it,
-    // offsets end where each copied value ends), and a dictionary key is the
-    // index of a value gathered for it (`Dict::append`). Widths and lengths are
+    // was (a string is a whole UTF-8 string, a view keeps its length and prefix
+    // and points at the bytes copied for it, offsets end where each copied value
+    // ends), and a dictionary key is the index of a value gathered for it
+    // (`Dict::append`). Widths and lengths are
     // checked as rows are appended; the debug build above validates it all.
     #[cfg(not(debug_assertions))]
     let data = unsafe { data.build_unchecked() };

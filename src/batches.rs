@@ -418,8 +418,8 @@ mod tests {
     fn column_bytes_read_off_the_array_are_those_of_its_description() {
         use arrow_array::builder::{BinaryViewBuilder, StringViewBuilder};
         use arrow_array::{
-            BinaryArray, BooleanArray, Decimal128Array, Float64Array, Int16Array,
-            LargeBinaryArray, LargeStringArray, StringArray, TimestampMicrosecondArray,
+            BinaryArray, BooleanArray, Decimal128Array, Float64Array, Int16Array, LargeBinaryArray,
+            LargeStringArray, StringArray, TimestampMicrosecondArray,
         };
         let text = |i: usize| (i % 7 != 3).then(|| "x".repeat(i % 40));
         let mut views = StringViewBuilder::new();
@@ -429,15 +429,23 @@ mod tests {
             binary_views.append_value(vec![i as u8; i % 30]);
         }
         let arrays: Vec<ArrayRef> = vec![
-            Arc::new(Int16Array::from_iter((0..300).map(|i| (i % 5 != 0).then_some(i as i16)))),
+            Arc::new(Int16Array::from_iter(
+                (0..300).map(|i| (i % 5 != 0).then_some(i as i16)),
+            )),
             Arc::new(Float64Array::from_iter_values((0..300).map(f64::from))),
             Arc::new(Decimal128Array::from_iter_values(0..300)),
             Arc::new(TimestampMicrosecondArray::from_iter_values(0..300)),
-            Arc::new(BooleanArray::from_iter((0..300).map(|i| (i % 3 != 0).then_some(i % 2 == 0)))),
+            Arc::new(BooleanArray::from_iter(
+                (0..300).map(|i| (i % 3 != 0).then_some(i % 2 == 0)),
+            )),
             Arc::new(StringArray::from_iter((0..300).map(text))),
             Arc::new(LargeStringArray::from_iter((0..300).map(text))),
-            Arc::new(BinaryArray::from_iter_values((0..300).map(|i| vec![1u8; i % 9]))),
-            Arc::new(LargeBinaryArray::from_iter_values((0..300).map(|i| vec![1u8; i % 9]))),
+            Arc::new(BinaryArray::from_iter_values(
+                (0..300).map(|i| vec![1u8; i % 9]),
+            )),
+            Arc::new(LargeBinaryArray::from_iter_values(
+                (0..300).map(|i| vec![1u8; i % 9]),
+            )),
             Arc::new(views.finish()),
             Arc::new(binary_views.finish()),
         ];

@@ -200,6 +200,7 @@ impl Ctx<'_> {
             self.sender.clone(),
         )
         .with_owned_buffers(self.owned_output)
+        .with_pairs(&self.plan.output)
     }
 
     /// Sends what a sink still holds and counts its rows.

@@ -38,6 +38,23 @@ impl Growth {
         }
     }
 
+    /// What rows add that come to each column from a source of its own: column `i`
+    /// gets rows `parts[i].1` of `parts[i].0` (as many rows for every column).
+    pub fn of_columns(parts: &[(&ArrayData, &[u32])]) -> Self {
+        let columns = if parts.iter().any(|(c, _)| column::has_data(c.data_type())) {
+            parts
+                .iter()
+                .map(|(c, rows)| ColumnGrowth::of(c, rows))
+                .collect()
+        } else {
+            Vec::new()
+        };
+        Self {
+            rows: parts.first().map_or(0, |(_, rows)| rows.len()),
+            columns,
+        }
+    }
+
     /// Growth by `rows` rows of fixed-width columns only.
     #[cfg(test)]
     pub fn rows(rows: usize) -> Self {
@@ -270,6 +287,45 @@ impl GatherBuffer {
             column.append(data, rows, len, expected_rows)?;
         }
         self.len += rows.len();
+        Ok(())
+    }
+
+    /// Appends rows that come to each column from a source of its own (a join's
+    /// matched pairs: the probe's columns from a probe batch, the build's from the
+    /// build's): column `i` gets rows `parts[i].1` of `parts[i].0`, of the schema's
+    /// type (or a view type its offsets column takes), as many rows for every
+    /// column. Not for a buffer made by [`halving`](Self::halving).
+    ///
+    /// # Errors
+    /// As [`append`](Self::append); nothing is appended then.
+    pub fn append_columns(&mut self, parts: &[(&ArrayData, &[u32])]) -> Result<()> {
+        let rows = parts.first().map_or(0, |(_, rows)| rows.len());
+        let fits = parts.len() == self.columns.len()
+            && parts
+                .iter()
+                .zip(&self.columns)
+                .zip(self.schema.fields())
+                .all(|(((data, r), column), field)| {
+                    r.len() == rows
+                        && (r.is_empty()
+                            || (r.iter().fold(0, |m, &x| m.max(x)) as usize) < data.len())
+                        && (data.data_type() == field.data_type()
+                            || (matches!(column.kind, Kind::Bytes(_))
+                                && Bytes::takes(data.data_type(), field.data_type())))
+                        && column.fixed().is_none_or(|f| {
+                            !f.narrowing(data) && !f.halved && f.source_of(data).is_some()
+                        })
+                });
+        if !fits {
+            return Err(JoinError::Internal(
+                "gathering pairs of another schema or past their sources' end".into(),
+            ));
+        }
+        let (len, expected_rows) = (self.len, self.expected_rows);
+        for (column, (data, r)) in self.columns.iter_mut().zip(parts) {
+            column.append(data, r, len, expected_rows)?;
+        }
+        self.len += rows;
         Ok(())
     }
 

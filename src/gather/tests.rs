@@ -594,3 +594,65 @@ fn views_gather_as_offsets_into_a_spill_file_schema() -> TestResult {
     assert_eq!(got.column(1).as_binary::<i32>().values().len(), 68);
     Ok(())
 }
+
+/// Rows that come to each column from a source of its own (a join's pairs) are
+/// gathered as `take` of each column by its own rows, concatenated, would make them:
+/// strings long and short, views, nulls, sliced sources; a row past a source's end
+/// or a column of another type is refused with nothing appended.
+#[test]
+fn gathers_pairs_from_two_sources_as_take_would() -> TestResult {
+    use arrow_array::{StringArray, StringViewArray};
+    let schema: SchemaRef = Arc::new(Schema::new(vec![
+        Field::new("p_id", DataType::Int64, true),
+        Field::new("b_name", DataType::Utf8View, true),
+        Field::new("p_text", DataType::Utf8, true),
+        Field::new("b_id", DataType::Int32, false),
+    ]));
+    let text =
+        |i: i64| (i % 5 != 2).then(|| format!("{i}-{}", "long text ".repeat((i % 4) as usize)));
+    let probe: Vec<ArrayRef> = vec![
+        Arc::new(
+            (0..40)
+                .map(|i| (i % 7 != 0).then_some(i))
+                .collect::<Int64Array>(),
+        ),
+        Arc::new((0..40).map(text).collect::<StringArray>()),
+    ];
+    let probe: Vec<ArrayRef> = probe.iter().map(|c| c.slice(3, 30)).collect();
+    let build: Vec<ArrayRef> = vec![
+        Arc::new((100..120).map(text).collect::<StringViewArray>()),
+        Arc::new(Int32Array::from_iter_values(100..120)),
+    ];
+    let (p, b): (Vec<u32>, Vec<u32>) = (0..45u32).map(|k| ((k * 7) % 30, (k * 3) % 20)).unzip();
+    let (pd, bd) = (probe[0].to_data(), probe[1].to_data());
+    let (nd, id) = (build[0].to_data(), build[1].to_data());
+    let mut rows = GatherBuffer::new(Arc::clone(&schema))?;
+    for (start, end) in [(0, 1), (1, 20), (20, 45)] {
+        let (p, b) = (&p[start..end], &b[start..end]);
+        rows.append_columns(&[(&pd, p), (&nd, b), (&bd, p), (&id, b)])?;
+    }
+    let got = rows.finish()?;
+    let (p, b) = (
+        arrow_array::UInt32Array::from(p),
+        arrow_array::UInt32Array::from(b),
+    );
+    let want = [
+        take(probe[0].as_ref(), &p, None)?,
+        take(build[0].as_ref(), &b, None)?,
+        take(probe[1].as_ref(), &p, None)?,
+        take(build[1].as_ref(), &b, None)?,
+    ];
+    for (i, (got, want)) in got.columns().iter().zip(&want).enumerate() {
+        assert_eq!(got.as_ref(), want.as_ref(), "column {i}");
+    }
+    // Refused: a row past the probe's end, a column of another type.
+    let past = [0u32, 30];
+    assert!(rows
+        .append_columns(&[(&pd, &past), (&nd, &[0, 1]), (&bd, &past), (&id, &[0, 1])])
+        .is_err());
+    assert!(rows
+        .append_columns(&[(&id, &[0]), (&nd, &[0]), (&bd, &[0]), (&id, &[0])])
+        .is_err());
+    assert_eq!(rows.len(), 0);
+    Ok(())
+}

@@ -319,13 +319,11 @@ impl Prober<'_> {
                 }
             }
             if self.plan.resolved.emits_pairs() {
-                let out = self.plan.output.gather(
-                    probe_rows.len(),
-                    Some((batch, &probe_rows)),
-                    Some((&part.batch, &build_rows)),
-                    None,
+                sink.push_pairs(
+                    &self.plan.output,
+                    (batch, &probe_rows),
+                    (&part.batch, &build_rows),
                 )?;
-                sink.push(out)?;
             }
         }
         self.pair_probe.clear();

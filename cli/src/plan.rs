@@ -87,6 +87,9 @@ pub struct Plan {
     pub limit_bytes: u64,
     /// Whether the limit was given (else the default).
     pub limit_given: bool,
+    /// What of the limit the input readers' decoded pages take, outside the join's
+    /// pool ([`reader_pages_in_pool`]); the join has the rest.
+    pub reader_pages_in_pool: u64,
     /// Worker threads.
     pub threads: usize,
     /// The spill settings.
@@ -123,14 +126,21 @@ impl Plan {
 
         let run = &request.run;
         let limit_bytes = run.memory_limit.unwrap_or_else(default_memory_limit_bytes);
+        let limit_given = run.memory_limit.is_some();
         let threads = run
             .threads
             .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+        let pages = |input, columns| input_pages(input, columns, threads, limit_given);
+        let reader_pages_in_pool = reader_pages_in_pool(
+            pages(left, &left_columns).max(pages(right, &right_columns)),
+            limit_bytes,
+            limit_given,
+        );
         let mut builder = join_builder(
             &request,
             (&left_schema, &right_schema),
             (left_stats, right_stats),
-            limit_bytes,
+            limit_bytes - reader_pages_in_pool,
             threads,
         );
         if let Some(selected) = &selected {
@@ -154,7 +164,8 @@ impl Plan {
             schema,
             rename,
             limit_bytes,
-            limit_given: run.memory_limit.is_some(),
+            limit_given,
+            reader_pages_in_pool,
             threads,
             spill: spill_config(run),
             request,
@@ -311,6 +322,47 @@ impl Plan {
 
 /// The join's pool: greedy under the limit, naming its largest consumers when it
 /// refuses a reservation.
+/// How many readers decode an input at once: one per thread, unless a memory limit
+/// is given and their pages would take more than [`READER_PAGES_BYTES`]. A Parquet
+/// reader holds its column chunks' current pages, decoded, outside the pool (a
+/// view column's values stay in them): 16 string columns of 1 MiB pages are about
+/// 37 MiB a reader, and two of them took a join's peak RSS past its bound
+/// (`1.1 × limit + 64 MiB`) under a 64 MiB limit. The workers share the readers
+/// (decoding is then serialized; joining is not).
+pub fn readers(threads: usize, limit_given: bool, page_bytes: u64) -> usize {
+    if !limit_given || page_bytes == 0 {
+        return threads;
+    }
+    let fit = usize::try_from(READER_PAGES_BYTES / page_bytes).unwrap_or(usize::MAX);
+    threads.min(fit.max(1))
+}
+
+/// What the readers of one input may hold in decoded pages outside the pool, of the
+/// bound's 64 MiB above the limit (the rest is the process's own: its code, its
+/// allocator's free memory, the output writer's buffer).
+const READER_PAGES_BYTES: u64 = 32 << 20;
+
+/// The decoded pages the readers of `columns` of `input` hold at most.
+fn input_pages(input: &Input, columns: &[usize], threads: usize, limit_given: bool) -> u64 {
+    let page_bytes = input.page_bytes(columns);
+    page_bytes.saturating_mul(readers(threads, limit_given, page_bytes) as u64)
+}
+
+/// What of `pages` (the decoded pages of the readers of the input that holds more;
+/// the build's are freed before the probe's are read) is taken from the join's
+/// memory under `limit_bytes`: what is over [`READER_PAGES_BYTES`] (one reader of
+/// rows wide enough has more), at most a quarter of the limit. Outside the pool, a
+/// reader's 37 MiB of pages (16 string columns) left 2 KB rows under 64 MiB a few
+/// MiB from the bound, and over it on some runs.
+fn reader_pages_in_pool(pages: u64, limit_bytes: u64, limit_given: bool) -> u64 {
+    if !limit_given {
+        return 0;
+    }
+    pages
+        .saturating_sub(READER_PAGES_BYTES)
+        .min(limit_bytes / 4)
+}
+
 fn memory_pool(limit_bytes: u64) -> Arc<dyn MemoryPool> {
     Arc::new(TrackConsumersPool::new(
         GreedyMemoryPool::new(usize::try_from(limit_bytes).unwrap_or(usize::MAX)),
@@ -472,4 +524,34 @@ fn key_hint(e: JoinError, request: &JoinRequest) -> anyhow::Error {
         }
     }
     anyhow::Error::new(e)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn inputs_whose_pages_are_large_are_read_by_fewer_readers_under_a_limit() {
+        let mib = 1 << 20;
+        assert_eq!(readers(2, true, 4 * mib), 2);
+        assert_eq!(readers(2, true, 16 * mib), 2);
+        assert_eq!(readers(2, true, 17 * mib), 1);
+        assert_eq!(readers(8, true, 10 * mib), 3);
+        // However large, one reader; without a limit, or with no pages, one a thread.
+        assert_eq!(readers(2, true, u64::MAX), 1);
+        assert_eq!(readers(2, false, 100 * mib), 2);
+        assert_eq!(readers(2, true, 0), 2);
+    }
+
+    /// A reader's pages over what readers may hold outside the pool come out of the
+    /// join's memory, a quarter of the limit at most; none without a limit.
+    #[test]
+    fn pages_over_the_readers_share_come_out_of_the_join_memory() {
+        let mib = 1 << 20;
+        assert_eq!(reader_pages_in_pool(20 * mib, 64 * mib, true), 0);
+        assert_eq!(reader_pages_in_pool(32 * mib, 64 * mib, true), 0);
+        assert_eq!(reader_pages_in_pool(37 * mib, 64 * mib, true), 5 * mib);
+        assert_eq!(reader_pages_in_pool(100 * mib, 64 * mib, true), 16 * mib);
+        assert_eq!(reader_pages_in_pool(37 * mib, 64 * mib, false), 0);
+    }
 }

@@ -337,7 +337,7 @@ fn open_streams(
     };
     let left_known = r.left.bytes_known(&plan.left_columns);
     let right_known = r.right.bytes_known(&plan.right_columns);
-    let readers = |pages: u64| readers(threads, plan.limit_given, pages);
+    let readers = |pages: u64| super::plan::readers(threads, plan.limit_given, pages);
     let left = r.left.streams(
         &plan.left_columns,
         read_rows(Side::Left, plan.left_stats, left_known),
@@ -354,26 +354,6 @@ fn open_streams(
     )?;
     Ok((left, right))
 }
-
-/// How many readers decode an input at once: one per thread, unless a memory limit
-/// is given and their pages would take more than [`READER_PAGES_BYTES`]. A Parquet
-/// reader holds its column chunks' current pages, decoded, outside the pool (a
-/// view column's values stay in them): 16 string columns of 1 MiB pages are about
-/// 37 MiB a reader, and two of them took a join's peak RSS past its bound
-/// (`1.1 × limit + 64 MiB`) under a 64 MiB limit. The workers share the readers
-/// (decoding is then serialized; joining is not).
-fn readers(threads: usize, limit_given: bool, page_bytes: u64) -> usize {
-    if !limit_given || page_bytes == 0 {
-        return threads;
-    }
-    let fit = usize::try_from(READER_PAGES_BYTES / page_bytes).unwrap_or(usize::MAX);
-    threads.min(fit.max(1))
-}
-
-/// What the readers of one input may hold in decoded pages outside the pool, of the
-/// bound's 64 MiB above the limit (the rest is the process's own: its code, its
-/// allocator's free memory, the output writer's buffer).
-const READER_PAGES_BYTES: u64 = 32 << 20;
 
 /// What the progress line shows of the build and the probe input.
 fn side_progress(
@@ -593,19 +573,6 @@ mod tests {
             bytes: Some(rows * row_bytes),
             rows: Some(rows),
         }
-    }
-
-    #[test]
-    fn inputs_whose_pages_are_large_are_read_by_fewer_readers_under_a_limit() {
-        let mib = 1 << 20;
-        assert_eq!(readers(2, true, 4 * mib), 2);
-        assert_eq!(readers(2, true, 16 * mib), 2);
-        assert_eq!(readers(2, true, 17 * mib), 1);
-        assert_eq!(readers(8, true, 10 * mib), 3);
-        // However large, one reader; without a limit, or with no pages, one a thread.
-        assert_eq!(readers(2, true, u64::MAX), 1);
-        assert_eq!(readers(2, false, 100 * mib), 2);
-        assert_eq!(readers(2, true, 0), 2);
     }
 
     #[test]

@@ -82,27 +82,13 @@ fn flat_column_bytes(c: &dyn Array) -> Option<usize> {
     } else {
         0
     };
-    let offsets =
-        |first: usize, last: usize, width: usize| (len + 1) * width + last.saturating_sub(first);
     let values = match c.data_type() {
         t if t.primitive_width().is_some() => len * t.primitive_width().unwrap_or(0),
         DataType::Boolean => len.div_ceil(8),
-        DataType::Utf8 => {
-            let o = c.as_string::<i32>().offsets();
-            offsets(o[0] as usize, o[len] as usize, 4)
-        }
-        DataType::LargeUtf8 => {
-            let o = c.as_string::<i64>().offsets();
-            offsets(o[0] as usize, o[len] as usize, 8)
-        }
-        DataType::Binary => {
-            let o = c.as_binary::<i32>().offsets();
-            offsets(o[0] as usize, o[len] as usize, 4)
-        }
-        DataType::LargeBinary => {
-            let o = c.as_binary::<i64>().offsets();
-            offsets(o[0] as usize, o[len] as usize, 8)
-        }
+        DataType::Utf8 => offset_bytes(c.as_string::<i32>().offsets()),
+        DataType::LargeUtf8 => offset_bytes(c.as_string::<i64>().offsets()),
+        DataType::Binary => offset_bytes(c.as_binary::<i32>().offsets()),
+        DataType::LargeBinary => offset_bytes(c.as_binary::<i64>().offsets()),
         DataType::Utf8View => {
             let a = c.as_string_view();
             len * 16 + view_buffer_bytes(a.views(), a.data_buffers())
@@ -114,6 +100,16 @@ fn flat_column_bytes(c: &dyn Array) -> Option<usize> {
         _ => return None,
     };
     Some(values + validity)
+}
+
+/// The bytes of an offsets column's rows: their offsets and the values between them.
+fn offset_bytes<O: arrow_array::OffsetSizeTrait>(offsets: &arrow_buffer::OffsetBuffer<O>) -> usize {
+    let (first, last) = (offsets.first(), offsets.last());
+    let values = match (first, last) {
+        (Some(first), Some(last)) => last.as_usize().saturating_sub(first.as_usize()),
+        _ => 0,
+    };
+    offsets.len() * std::mem::size_of::<O>() + values
 }
 
 /// [`column_bytes`] from the array's description, for every type.

@@ -269,6 +269,82 @@ mod tests {
         Ok(())
     }
 
+    /// Matched pairs pushed a few at a time are gathered into whole batches of the
+    /// batch size (the last one short) holding what `take` makes of them, and leave
+    /// nothing reserved; rows wider than a batch's bytes make batches of fewer rows.
+    #[test]
+    fn pairs_pushed_in_small_pieces_make_whole_batches_as_take_would() -> Result<()> {
+        use crate::output::{OutputLayout, OutputSink};
+        use arrow_array::{ArrayRef, Int64Array, StringArray, UInt32Array};
+        let text = (0..500).map(|i| "x".repeat(i % 50));
+        let probe = RecordBatch::try_from_iter([
+            (
+                "p",
+                Arc::new(Int64Array::from_iter_values(0..500)) as ArrayRef,
+            ),
+            (
+                "s",
+                Arc::new(StringArray::from_iter_values(text)) as ArrayRef,
+            ),
+        ])?;
+        let build = RecordBatch::try_from_iter([(
+            "b",
+            Arc::new(Int64Array::from_iter_values(1000..1200)) as ArrayRef,
+        )])?;
+        let layout = OutputLayout::new(
+            crate::JoinType::Inner,
+            crate::Side::Right,
+            &probe.schema(),
+            &build.schema(),
+            None,
+        )?;
+        let (p, b): (Vec<u32>, Vec<u32>) =
+            (0..1000u32).map(|k| ((k * 7) % 500, (k * 3) % 200)).unzip();
+        let want = layout.gather(
+            p.len(),
+            Some((&probe, &UInt32Array::from(p.clone()))),
+            Some((&build, &UInt32Array::from(b.clone()))),
+            None,
+        )?;
+        for max_batch_bytes in [1 << 20, 2000] {
+            let pool: Arc<dyn MemoryPool> = Arc::new(GreedyMemoryPool::new(1 << 30));
+            let (channel, receiver) = output_channel(4, &pool, Arc::new(AtomicBool::new(false)));
+            let gate = Arc::clone(&channel.gate);
+            let mut sink =
+                OutputSink::new(Arc::clone(&layout.schema), 64, max_batch_bytes, channel)
+                    .with_pairs(&layout);
+            let mut sent = Vec::new();
+            for (p, b) in p.chunks(13).zip(b.chunks(13)) {
+                let (p, b) = (UInt32Array::from(p.to_vec()), UInt32Array::from(b.to_vec()));
+                sink.push_pairs(&layout, (&probe, &p), (&build, &b))?;
+                for (batch, bytes) in receiver.try_iter().collect::<Result<Vec<_>>>()? {
+                    gate.release(bytes);
+                    sent.push((batch, bytes));
+                }
+            }
+            sink.finish()?;
+            for (batch, bytes) in receiver.try_iter().collect::<Result<Vec<_>>>()? {
+                gate.release(bytes);
+                sent.push((batch, bytes));
+            }
+            assert_eq!(pool.reserved(), 0);
+            let batches: Vec<RecordBatch> = sent.iter().map(|(b, _)| b.clone()).collect();
+            let got = arrow_select::concat::concat_batches(&layout.schema, &batches)?;
+            assert_eq!(got, want, "max {max_batch_bytes}");
+            let rows: Vec<usize> = batches.iter().map(RecordBatch::num_rows).collect();
+            if max_batch_bytes == 1 << 20 {
+                assert!(rows[..rows.len() - 1].iter().all(|&r| r == 64), "{rows:?}");
+            } else {
+                // About 40 bytes a row: fewer than 64 a batch, none over the bytes.
+                assert!(rows.iter().all(|&r| r < 64), "{rows:?}");
+                assert!(sent
+                    .iter()
+                    .all(|(_, bytes)| *bytes <= max_batch_bytes + 200));
+            }
+        }
+        Ok(())
+    }
+
     #[test]
     fn a_cancelled_join_stops_waiting() -> Result<()> {
         let pool: Arc<dyn MemoryPool> = Arc::new(GreedyMemoryPool::new(8000));

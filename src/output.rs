@@ -10,7 +10,7 @@ use std::collections::HashSet;
 use std::sync::Arc;
 
 use arrow_array::{
-    new_null_array, ArrayRef, BooleanArray, RecordBatch, RecordBatchOptions, UInt32Array,
+    new_null_array, Array, ArrayRef, BooleanArray, RecordBatch, RecordBatchOptions, UInt32Array,
 };
 use arrow_data::ArrayData;
 use arrow_schema::{DataType, Field, Schema, SchemaRef};
@@ -273,8 +273,8 @@ impl OutputSink {
     /// of `probe` with build row `build_rows[k]` of `build`. Gathered straight into
     /// the batch being made ([`with_pairs`](Self::with_pairs)), or taken and pushed
     /// when a piece of half a batch or more would pass the coalescer as it is (a
-    /// `take` copies a view column's views, not its values) or a column's type is not
-    /// the output's.
+    /// `take` copies a view column's views, not its values), a column's type is not
+    /// the output's, or an index is null (a null row, which only `take` makes).
     ///
     /// # Errors
     /// As [`push`](Self::push); an arrow error if the rows are not in the batches.
@@ -287,7 +287,9 @@ impl OutputSink {
         let n = probe.1.len();
         let columns = self.pairs.as_ref().and_then(|pairs| {
             let whole = pairs.rows.is_empty() && n >= self.target_rows / 2;
-            (!whole).then(|| pair_columns(&pairs.sources, &self.schema, probe.0, build.0))?
+            let nulls = probe.1.null_count() + build.1.null_count() > 0;
+            (!whole && !nulls)
+                .then(|| pair_columns(&pairs.sources, &self.schema, probe.0, build.0))?
         });
         let Some(columns) = columns else {
             return self.push(layout.gather(n, Some(probe), Some(build), None)?);

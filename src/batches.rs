@@ -71,9 +71,9 @@ fn column_bytes(c: &ArrayRef) -> usize {
 /// [`column_bytes`] of a column of one of the types rows are made of (numbers,
 /// booleans, strings and binaries, views of them), read off the array: the same
 /// figure as [`described_column_bytes`] without `to_data`, which copies an array's
-/// description (its type and a vector of its buffers) and, called several times a
-/// batch on every column, was a tenth of a join's time under a small limit. `None`
-/// for the other types.
+/// description (its type and a vector of its buffers), a cost per call that adds up:
+/// it is called several times a batch on every column, and under a small limit
+/// batches are small. `None` for the other types.
 fn flat_column_bytes(c: &dyn Array) -> Option<usize> {
     let len = c.len();
     // (A description drops validity without a null.)
@@ -85,16 +85,16 @@ fn flat_column_bytes(c: &dyn Array) -> Option<usize> {
     let values = match c.data_type() {
         t if t.primitive_width().is_some() => len * t.primitive_width().unwrap_or(0),
         DataType::Boolean => len.div_ceil(8),
-        DataType::Utf8 => offset_bytes(c.as_string::<i32>().offsets()),
-        DataType::LargeUtf8 => offset_bytes(c.as_string::<i64>().offsets()),
-        DataType::Binary => offset_bytes(c.as_binary::<i32>().offsets()),
-        DataType::LargeBinary => offset_bytes(c.as_binary::<i64>().offsets()),
+        DataType::Utf8 => offset_bytes(c.as_string_opt::<i32>()?.offsets()),
+        DataType::LargeUtf8 => offset_bytes(c.as_string_opt::<i64>()?.offsets()),
+        DataType::Binary => offset_bytes(c.as_binary_opt::<i32>()?.offsets()),
+        DataType::LargeBinary => offset_bytes(c.as_binary_opt::<i64>()?.offsets()),
         DataType::Utf8View => {
-            let a = c.as_string_view();
+            let a = c.as_string_view_opt()?;
             len * 16 + view_buffer_bytes(a.views(), a.data_buffers())
         }
         DataType::BinaryView => {
-            let a = c.as_binary_view();
+            let a = c.as_binary_view_opt()?;
             len * 16 + view_buffer_bytes(a.views(), a.data_buffers())
         }
         _ => return None,
@@ -127,7 +127,11 @@ fn described_column_bytes(c: &ArrayRef) -> usize {
                 .map_or(&[][..], |b| b.typed_data::<u128>());
             let start = data.offset().min(views.len());
             let end = (data.offset() + data.len()).min(views.len());
-            slice(&data) + view_buffer_bytes(&views[start..end], &data.buffers()[1..])
+            slice(&data)
+                + view_buffer_bytes(
+                    &views[start..end],
+                    data.buffers().get(1..).unwrap_or_default(),
+                )
         }
         DataType::Dictionary(..) => dictionary_bytes(c.as_any_dictionary()),
         _ => slice(&data),

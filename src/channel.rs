@@ -345,6 +345,46 @@ mod tests {
         Ok(())
     }
 
+    /// Found in review: pairs of an output of no columns (an empty projection) must
+    /// still count as rows, a few at a time too.
+    #[test]
+    fn pairs_of_no_columns_count_as_rows() -> Result<()> {
+        use crate::output::{OutputLayout, OutputSink};
+        use arrow_array::{ArrayRef, Int64Array, UInt32Array};
+        let side = |n: i64| {
+            RecordBatch::try_from_iter([(
+                "k",
+                Arc::new(Int64Array::from_iter_values(0..n)) as ArrayRef,
+            )])
+        };
+        let (probe, build) = (side(50)?, side(20)?);
+        let layout = OutputLayout::new(
+            crate::JoinType::Inner,
+            crate::Side::Right,
+            &probe.schema(),
+            &build.schema(),
+            Some(&[]),
+        )?;
+        let pool: Arc<dyn MemoryPool> = Arc::new(GreedyMemoryPool::new(1 << 30));
+        let (channel, receiver) = output_channel(4, &pool, Arc::new(AtomicBool::new(false)));
+        let gate = Arc::clone(&channel.gate);
+        let mut sink =
+            OutputSink::new(Arc::clone(&layout.schema), 64, 1 << 20, channel).with_pairs(&layout);
+        for k in 0..10u32 {
+            let rows = UInt32Array::from(vec![k; 3]);
+            sink.push_pairs(&layout, (&probe, &rows), (&build, &rows))?;
+        }
+        sink.finish()?;
+        let mut rows = 0;
+        for (batch, bytes) in receiver.try_iter().collect::<Result<Vec<_>>>()? {
+            gate.release(bytes);
+            rows += batch.num_rows();
+        }
+        assert_eq!((rows, sink.rows()), (30, 30));
+        assert_eq!(pool.reserved(), 0);
+        Ok(())
+    }
+
     #[test]
     fn a_cancelled_join_stops_waiting() -> Result<()> {
         let pool: Arc<dyn MemoryPool> = Arc::new(GreedyMemoryPool::new(8000));

@@ -217,9 +217,8 @@ pub(crate) struct OutputSink {
 /// Matched pairs gathered straight into the batch they are sent in
 /// ([`OutputSink::push_pairs`]): each value copied once. Taking each column of a
 /// piece's pairs and then copying the taken piece into a batch in the coalescer
-/// copied every value twice and allocated a buffer a column a piece: under a small
-/// limit, where pieces are a few hundred rows, that was a third of the spilled
-/// pairs' time.
+/// copied every value twice and allocated a buffer a column a piece, a cost per
+/// piece that dominates under a small limit, where pieces are a few hundred rows.
 #[derive(Debug)]
 struct PairBuffer {
     rows: GatherBuffer,
@@ -255,8 +254,11 @@ impl OutputSink {
     /// batches sent, when every column of `layout` comes from a side (no mark) and
     /// can be gathered.
     pub fn with_pairs(mut self, layout: &OutputLayout) -> Self {
-        let direct =
-            crate::gather::gatherable(&layout.schema) && !layout.sources.contains(&Source::Mark);
+        // (Rows of no columns are counted by a batch's row count, which only the
+        // `take` path sets.)
+        let direct = crate::gather::gatherable(&layout.schema)
+            && !layout.sources.is_empty()
+            && !layout.sources.contains(&Source::Mark);
         self.pairs = direct
             .then(|| GatherBuffer::new(Arc::clone(&layout.schema)).ok())
             .flatten()
@@ -285,6 +287,9 @@ impl OutputSink {
         build: (&RecordBatch, &UInt32Array),
     ) -> Result<()> {
         let n = probe.1.len();
+        if build.1.len() != n {
+            return Err(JoinError::Internal("pairs of unequal sides".into()));
+        }
         let columns = self.pairs.as_ref().and_then(|pairs| {
             let whole = pairs.rows.is_empty() && n >= self.target_rows / 2;
             let nulls = probe.1.null_count() + build.1.null_count() > 0;
@@ -347,16 +352,25 @@ impl OutputSink {
         }
         let mut need = pairs.rows.capacity_after(&growth);
         if need > self.max_batch_bytes && end - start > 1 && pairs.row_bytes == 0 {
-            // The first batch of wide rows: as many as fit (a row at least).
+            // The first batch of wide rows: as many as fit with those held (a row at
+            // least, into an empty buffer).
             let per_row = need / (held + end - start);
-            end = start + (self.max_batch_bytes / per_row.max(1)).clamp(1, end - start);
+            let fit = (self.max_batch_bytes / per_row.max(1)).saturating_sub(held);
+            if fit == 0 && held > 0 {
+                self.send_pairs()?;
+                return Ok(start);
+            }
+            end = start + fit.clamp(1, end - start);
             growth = Growth::of_columns(&parts(end));
             need = pairs.rows.capacity_after(&growth);
         }
-        self.channel
-            .gate
-            .reserve_assembling(need.saturating_sub(pairs.reserved))?;
-        pairs.reserved = pairs.reserved.max(need);
+        // (Nothing more to reserve is no reason to wait for the caller.)
+        if need > pairs.reserved {
+            self.channel
+                .gate
+                .reserve_assembling(need - pairs.reserved)?;
+            pairs.reserved = need;
+        }
         pairs.rows.append_columns(&parts(end))?;
         if pairs.rows.len() >= self.target_rows || need >= self.max_batch_bytes {
             self.send_pairs()?;

@@ -13,7 +13,8 @@
 //!   "build": { "rows", "rows_spilled", "bytes_spilled" },
 //!   "probe": { "rows", "rows_spilled", "bytes_spilled", "rows_skipped_by_bloom" },
 //!   "spill": { "files", "partitions_spilled", "max_recursion_depth", "fallbacks", "hot_key_splits", "swapped_pairs", "dir", "compression" },
-//!   "memory": { "limit_bytes", "reader_pages_bytes", "peak_reserved_bytes", "peak_rss_bytes" },
+//!   "memory": { "limit_bytes", "reader_pages_in_limit_bytes" (a reader's pages
+//!     beyond 32 MiB, taken out of the join's pool), "peak_reserved_bytes", "peak_rss_bytes" },
 //!   "stale_removed": { "spill_dirs", "spill_dir_bytes", "temporary_outputs",
 //!                      "temporary_output_bytes", "failures" },  // left by killed joins
 //!   ...the same figures flat, as earlier versions wrote them
@@ -117,7 +118,7 @@ pub fn report(
         "pushdown": pushdown(plan, reads.pushdown),
         "memory": {
             "limit_bytes": plan.limit_bytes,
-            "reader_pages_bytes": plan.reader_pages_in_pool,
+            "reader_pages_in_limit_bytes": plan.reader_pages_in_pool,
             "peak_reserved_bytes": m.peak_reserved_bytes,
             "peak_rss_bytes": peak_rss,
         },

@@ -320,8 +320,6 @@ impl Plan {
     }
 }
 
-/// The join's pool: greedy under the limit, naming its largest consumers when it
-/// refuses a reservation.
 /// How many readers decode an input at once: one per thread, unless a memory limit
 /// is given and their pages would take more than [`READER_PAGES_BYTES`]. A Parquet
 /// reader holds its column chunks' current pages, decoded, outside the pool (a
@@ -351,9 +349,9 @@ fn input_pages(input: &Input, columns: &[usize], threads: usize, limit_given: bo
 /// What of `pages` (the decoded pages of the readers of the input that holds more;
 /// the build's are freed before the probe's are read) is taken from the join's
 /// memory under `limit_bytes`: what is over [`READER_PAGES_BYTES`] (one reader of
-/// rows wide enough has more), at most a quarter of the limit. Outside the pool, a
-/// reader's 37 MiB of pages (16 string columns) left 2 KB rows under 64 MiB a few
-/// MiB from the bound, and over it on some runs.
+/// rows wide enough has more), at most a quarter of the limit, so that the join
+/// keeps most of it. Left outside the pool, such a reader's pages and a full pool
+/// together take a join's peak RSS to its bound.
 fn reader_pages_in_pool(pages: u64, limit_bytes: u64, limit_given: bool) -> u64 {
     if !limit_given {
         return 0;
@@ -363,6 +361,8 @@ fn reader_pages_in_pool(pages: u64, limit_bytes: u64, limit_given: bool) -> u64 
         .min(limit_bytes / 4)
 }
 
+/// The join's pool: greedy under the limit, naming its largest consumers when it
+/// refuses a reservation.
 fn memory_pool(limit_bytes: u64) -> Arc<dyn MemoryPool> {
     Arc::new(TrackConsumersPool::new(
         GreedyMemoryPool::new(usize::try_from(limit_bytes).unwrap_or(usize::MAX)),

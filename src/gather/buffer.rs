@@ -297,7 +297,10 @@ impl GatherBuffer {
     /// column. Not for a buffer made by [`halving`](Self::halving).
     ///
     /// # Errors
-    /// As [`append`](Self::append); nothing is appended then.
+    /// As [`append`](Self::append). Nothing is appended when the columns or rows do
+    /// not fit; a failure while appending (offsets or a map that cannot grow) may
+    /// leave some columns longer than the others, so the buffer must be dropped
+    /// then, as the join does with its sink.
     pub fn append_columns(&mut self, parts: &[(&ArrayData, &[u32])]) -> Result<()> {
         let rows = parts.first().map_or(0, |(_, rows)| rows.len());
         let fits = parts.len() == self.columns.len()

@@ -82,8 +82,11 @@ fn flat_column_bytes(c: &dyn Array) -> Option<usize> {
     } else {
         0
     };
-    let values = match c.data_type() {
-        t if t.primitive_width().is_some() => len * t.primitive_width().unwrap_or(0),
+    let data_type = c.data_type();
+    if let Some(width) = data_type.primitive_width() {
+        return Some(len * width + validity);
+    }
+    let values = match data_type {
         DataType::Boolean => len.div_ceil(8),
         DataType::Utf8 => offset_bytes(c.as_string_opt::<i32>()?.offsets()),
         DataType::LargeUtf8 => offset_bytes(c.as_string_opt::<i64>()?.offsets()),

@@ -42,6 +42,7 @@ async fn session(rule: bool, pool: Arc<dyn MemoryPool>, dir: &Path, force: bool)
     }
     // Joins whose output keeps the probe's partitioning are replaced too (off by
     // default; `collect_left_keeps_the_probe_partitioning` tests it).
+    // (A registered option and a valid value: cannot fail.)
     options
         .set("spilljoin.prepared_collect_left", "true")
         .unwrap();

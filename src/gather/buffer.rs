@@ -303,22 +303,7 @@ impl GatherBuffer {
     /// then, as the join does with its sink.
     pub fn append_columns(&mut self, parts: &[(&ArrayData, &[u32])]) -> Result<()> {
         let rows = parts.first().map_or(0, |(_, rows)| rows.len());
-        let fits = parts.len() == self.columns.len()
-            && parts
-                .iter()
-                .zip(&self.columns)
-                .zip(self.schema.fields())
-                .all(|(((data, r), column), field)| {
-                    r.len() == rows
-                        && (r.is_empty()
-                            || (r.iter().fold(0, |m, &x| m.max(x)) as usize) < data.len())
-                        && (data.data_type() == field.data_type()
-                            || (matches!(column.kind, Kind::Bytes(_))
-                                && Bytes::takes(data.data_type(), field.data_type())))
-                        && column.fixed().is_none_or(|f| {
-                            !f.narrowing(data) && !f.halved && f.source_of(data).is_some()
-                        })
-                });
+        let fits = parts.len() == self.columns.len() && self.fit_columns(parts, rows);
         if !fits {
             return Err(JoinError::Internal(
                 "gathering pairs of another schema or past their sources' end".into(),
@@ -330,6 +315,38 @@ impl GatherBuffer {
         }
         self.len += rows;
         Ok(())
+    }
+
+    /// Whether `parts` ([`append_columns`](Self::append_columns)) are of this
+    /// schema's types, `rows` rows each, all in their sources. The largest row of
+    /// a list of rows is found once however many columns share it (a side's do).
+    fn fit_columns(&self, parts: &[(&ArrayData, &[u32])], rows: usize) -> bool {
+        // Each list of rows met so far, by address, with its largest row.
+        let mut largest: Vec<(*const u32, usize)> = Vec::with_capacity(2);
+        for (((data, r), column), field) in
+            parts.iter().zip(&self.columns).zip(self.schema.fields())
+        {
+            let top = match largest.iter().find(|(at, _)| *at == r.as_ptr()) {
+                Some(&(_, top)) => top,
+                None => {
+                    let top = r.iter().fold(0, |m, &x| m.max(x)) as usize;
+                    largest.push((r.as_ptr(), top));
+                    top
+                }
+            };
+            let fits = r.len() == rows
+                && (r.is_empty() || top < data.len())
+                && (data.data_type() == field.data_type()
+                    || (matches!(column.kind, Kind::Bytes(_))
+                        && Bytes::takes(data.data_type(), field.data_type())))
+                && column
+                    .fixed()
+                    .is_none_or(|f| !f.narrowing(data) && !f.halved && f.source_of(data).is_some());
+            if !fits {
+                return false;
+            }
+        }
+        true
     }
 
     /// Checks that `columns` are this schema's (hashes the last column's, if given)

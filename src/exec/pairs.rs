@@ -16,6 +16,8 @@ use spilljoin_memory::{
 };
 use spilljoin_spill::SpillFile;
 
+use arrow_schema::DataType;
+
 use super::fallback::fallback;
 use super::level::{file_input, run_level};
 use crate::batches::{lock, run_workers};
@@ -78,10 +80,7 @@ pub(crate) fn join_spilled_pairs(
                     / workers,
             ),
         };
-        // A pair fits its share when what it takes to join in one piece does.
-        let fits = |pair: &Pair| {
-            share.is_none_or(|share| share >= MIN_PAIR_SHARE && pair_bytes(plan, &pair.0) <= share)
-        };
+        let fits = |pair: &Pair| share.is_none_or(|share| fits_share(plan, &pair.0, share));
         let (side_by_side, alone): (Vec<Pair>, Vec<Pair>) = pairs.into_iter().partition(fits);
         pairs = alone;
         if side_by_side.len() > 1 {
@@ -285,43 +284,143 @@ fn sub_level_bits(plan: &JoinPlan, build_file: &SpillFile) -> u32 {
 const ONE_TABLE_ROWS: u64 = 1 << 20;
 
 /// About the memory joining a spilled pair in one piece takes: its build rows in
-/// memory, their hashes while a word key's table is built, the table, and a probe
-/// worker's batches beside them. Rows of fixed-width columns are counted at their
-/// width in memory (a spill file may hold them narrower, [`spilljoin_spill::segment_schema`]);
-/// others at four times the file's bytes (their concatenation, the key encoding and
-/// the table), and 12 bytes more a row for each view column (written as offsets).
+/// memory ([`build_bytes_in_memory`]), their hashes while a word key's table is
+/// built, the table, and a probe worker's batches beside them.
 ///
-/// Counted by the file's bytes alone, a narrow build of fixed-width keys seemed to
-/// fit a share in a fraction of it, took several times its file's bytes in rows,
-/// table and hashes, and every pair was joined in chunks.
+/// Rows with variable-width columns were once counted at four times the file's
+/// bytes. Wide rows under small limits (SF1 orders with every column under 5% of the
+/// build) then looked too large for the memory left although they fit, and each pair
+/// was split into 16 partitions, every probe batch into 16 fragments: slower than
+/// one level of two partitions (`BENCHMARKS.md`).
 fn pair_bytes(plan: &JoinPlan, build_file: &SpillFile) -> usize {
     let rows = usize::try_from(build_file.rows()).unwrap_or(usize::MAX);
-    let file = usize::try_from(build_file.bytes()).unwrap_or(usize::MAX);
-    let schema = plan.spill_schema(true);
-    let build = match crate::gather::fixed_widths(&schema) {
-        Some(widths) => {
-            let hashes = if plan.spills_hashes() { 0 } else { 8 };
-            rows.saturating_mul(widths.iter().sum::<usize>() + hashes)
-                .saturating_add(crate::table::ChainedTable::size_for(rows))
-        }
-        // (A view column's row, 4 bytes of offset in the file, reads back as a
-        // 16-byte view.)
-        None => {
-            let views = schema
-                .fields()
-                .iter()
-                .filter(|f| {
-                    matches!(
-                        f.data_type(),
-                        arrow_schema::DataType::Utf8View | arrow_schema::DataType::BinaryView
-                    )
-                })
-                .count();
-            file.saturating_mul(4)
-                .saturating_add(rows.saturating_mul(12 * views))
-        }
-    };
+    let hashes = if plan.spills_hashes() { 0 } else { 8 };
+    let build = usize::try_from(build_bytes_in_memory(plan, build_file))
+        .unwrap_or(usize::MAX)
+        .saturating_add(rows.saturating_mul(hashes))
+        .saturating_add(crate::table::ChainedTable::size_for(rows));
     let probe =
         crate::plan::probe_worker_bytes(plan.work_rows, plan.work_rows) + 3 * plan.work_rows * 32;
     build.saturating_add(probe)
+}
+
+/// Whether a pair fits a share of `share` bytes to be joined in on one thread
+/// ([`pair_bytes`]). Where rows have variable-width columns, the probe's batches are
+/// as wide and as many as the share allows, up to half of it (what a level reserves
+/// for them, [`crate::plan::ProbeShape::workers_headroom`]), so the build must fit
+/// in the other half: an estimate that left the probe out let in pairs that spilled
+/// within their shares and were joined in chunks.
+fn fits_share(plan: &JoinPlan, build_file: &SpillFile, share: usize) -> bool {
+    let room = match crate::gather::fixed_widths(&plan.spill_schema(true)) {
+        Some(_) => share,
+        None => share / 2,
+    };
+    share >= MIN_PAIR_SHARE && pair_bytes(plan, build_file) <= room
+}
+
+/// The bytes a spilled build file's rows take once read back, at most: rows of
+/// fixed-width columns at their width; otherwise the file's bytes and, for each row,
+/// what its columns gain when read back: a view's 12 bytes (4 bytes of offset in the
+/// file, a 16-byte view in memory), and a fixed-width column's width less the
+/// narrowest it may be stored in (an `Int64` in the wide file schema,
+/// [`spilljoin_spill::file_schema`], may be stored as an `Int32`).
+fn build_bytes_in_memory(plan: &JoinPlan, build_file: &SpillFile) -> u64 {
+    let rows = build_file.rows();
+    let logical = plan.spill_schema(true);
+    if let Some(widths) = crate::gather::fixed_widths(&logical) {
+        return rows.saturating_mul(widths.iter().sum::<usize>() as u64);
+    }
+    let stored = spilljoin_spill::file_schema(&logical);
+    let per_row: usize = logical
+        .fields()
+        .iter()
+        .zip(stored.fields())
+        .map(|(l, f)| match (l.data_type(), f.data_type()) {
+            (DataType::Utf8View | DataType::BinaryView, _) => 12,
+            (l, f) => {
+                let narrowest = match f {
+                    DataType::Int64 => Some(4),
+                    f => f.primitive_width(),
+                };
+                l.primitive_width()
+                    .zip(narrowest)
+                    .map_or(0, |(l, f)| l.saturating_sub(f))
+            }
+        })
+        .sum();
+    build_file
+        .bytes()
+        .saturating_add(rows.saturating_mul(per_row as u64))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use arrow_array::{ArrayRef, Decimal128Array, Int64Array, RecordBatch, StringViewArray};
+    use arrow_schema::{DataType, Field, Schema};
+    use spilljoin_spill::{SpillConfig, SpillManager};
+
+    use super::build_bytes_in_memory;
+    use crate::batches::batch_bytes;
+    use crate::HashJoinBuilder;
+
+    /// A build side like TPC-H orders with strings: a key, a price, a short and a
+    /// long string, the strings viewed out of a larger batch.
+    fn orders(rows: usize) -> RecordBatch {
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("k", DataType::Int64, false),
+            Field::new("price", DataType::Decimal128(12, 2), true),
+            Field::new("priority", DataType::Utf8View, true),
+            Field::new("comment", DataType::Utf8View, true),
+        ]));
+        let long = |i: usize| format!("comment {i} {}", "x".repeat(20 + i % 60));
+        let columns: Vec<ArrayRef> = vec![
+            Arc::new(Int64Array::from_iter_values(
+                (0..rows as i64).map(|i| i * 7),
+            )),
+            Arc::new(
+                Decimal128Array::from_iter((0..rows).map(|i| (i % 9 != 0).then_some(i as i128)))
+                    .with_precision_and_scale(12, 2)
+                    .expect("a valid precision"),
+            ),
+            Arc::new(StringViewArray::from_iter(
+                (0..rows).map(|i| (i % 5 != 0).then(|| format!("{}-URGENT", i % 5))),
+            )),
+            Arc::new(StringViewArray::from_iter_values((0..rows).map(long))),
+        ];
+        RecordBatch::try_new(schema, columns).expect("columns of the schema")
+    }
+
+    #[test]
+    fn a_pairs_build_rows_are_counted_at_least_as_they_read_back_and_not_far_more(
+    ) -> Result<(), Box<dyn std::error::Error>> {
+        let whole = orders(30_000);
+        let join = HashJoinBuilder::new(whole.schema(), whole.schema(), [("k", "k")]).build()?;
+        let plan = &join.plan;
+        let dir = tempfile::tempdir()?;
+        let spill = SpillManager::new(SpillConfig::default().with_root_dir(dir.path()))?;
+        let mut writer = spill.create_writer(plan.spill_schema(true), "build")?;
+        // Slices of a larger batch: their views share its buffers, which a file
+        // does not hold.
+        for start in (0..24_000).step_by(6_000) {
+            let piece = whole.slice(start + 1_000, 5_000);
+            writer.write(&RecordBatch::try_new(
+                plan.spill_schema(true),
+                piece.columns().to_vec(),
+            )?)?;
+        }
+        let file = writer.finish()?;
+        let mut read_back = 0;
+        for batch in file.reader()? {
+            read_back += batch_bytes(&batch?);
+        }
+        let counted = build_bytes_in_memory(plan, &file) as usize;
+        assert!(counted >= read_back, "{counted} < {read_back}");
+        assert!(
+            counted * 4 <= read_back * 5,
+            "{counted} is over 1.25 × {read_back}"
+        );
+        Ok(())
+    }
 }

@@ -14,7 +14,7 @@ use std::sync::{Arc, Mutex};
 use spilljoin_memory::{
     GreedyMemoryPool, MemoryConsumer, MemoryLimit, MemoryPool, TrackConsumersPool,
 };
-use spilljoin_spill::SpillFile;
+use spilljoin_spill::{SpillCompression, SpillFile};
 
 use arrow_schema::DataType;
 
@@ -80,7 +80,9 @@ pub(crate) fn join_spilled_pairs(
                     / workers,
             ),
         };
-        let fits = |pair: &Pair| share.is_none_or(|share| fits_share(plan, &pair.0, share));
+        let compressed = ctx.spill.config().compression != SpillCompression::None;
+        let fits =
+            |pair: &Pair| share.is_none_or(|share| fits_share(plan, &pair.0, share, compressed));
         let (side_by_side, alone): (Vec<Pair>, Vec<Pair>) = pairs.into_iter().partition(fits);
         pairs = alone;
         if side_by_side.len() > 1 {
@@ -221,7 +223,10 @@ pub(super) fn join_pair(
     probe_file: Option<&SpillFile>,
     facts: Facts,
 ) -> Result<()> {
-    let next = level.bits.next_level(sub_level_bits(ctx.plan, build_file));
+    let compressed = ctx.spill.config().compression != SpillCompression::None;
+    let next = level
+        .bits
+        .next_level(sub_level_bits(ctx.plan, build_file, compressed));
     // A pair that keeps (nearly) all of its level's rows did not split: one key
     // dominates, and repartitioning again would only rewrite it.
     let no_progress = level.depth > 0 && build_file.rows() * 10 >= level_rows * 9;
@@ -248,16 +253,16 @@ pub(super) fn join_pair(
 }
 
 /// The radix bits of the level below for a spilled pair: [`SUB_LEVEL_BITS`], or, when
-/// the pair clearly fits in the memory left ([`pair_bytes`]), one partition — or, for
+/// the pair fits in the memory left ([`pair_bytes`]), one partition — or, for
 /// a pair of more than [`ONE_TABLE_ROWS`] build rows joined on several threads, only
 /// enough partitions for every thread to build a table. More would cut every batch
 /// into more, smaller fragments and probe two tables for nothing.
 /// Should the estimate be wrong, the level below spills: with one partition it cannot
 /// split, and the pair is joined in chunks ([`fallback`]).
-fn sub_level_bits(plan: &JoinPlan, build_file: &SpillFile) -> u32 {
+fn sub_level_bits(plan: &JoinPlan, build_file: &SpillFile, compressed: bool) -> u32 {
     let limit = plan.pool.limit().bytes();
     let free = limit.saturating_sub(plan.pool.reserved());
-    if pair_bytes(plan, build_file) <= free {
+    if pair_bytes(plan, build_file, compressed) <= free {
         // (Only where the estimate counts fixed-width rows at their width: should a
         // level of one partition spill, the pair can only be joined in chunks.)
         let counted = crate::gather::fixed_widths(&plan.spill_schema(true)).is_some();
@@ -284,59 +289,87 @@ fn sub_level_bits(plan: &JoinPlan, build_file: &SpillFile) -> u32 {
 const ONE_TABLE_ROWS: u64 = 1 << 20;
 
 /// About the memory joining a spilled pair in one piece takes: its build rows in
-/// memory ([`build_bytes_in_memory`]), their hashes while a word key's table is
-/// built, the table, and a probe worker's batches beside them.
+/// memory, their hashes while a word key's table is built, the table, and a probe
+/// worker's batches beside them. Rows of fixed-width columns are counted at their
+/// width in memory (a spill file may hold them narrower,
+/// [`spilljoin_spill::segment_schema`]). Others are counted as they read back
+/// ([`read_back_bytes`]) where that is all they take: an uncompressed file, joined on
+/// one word key (no key encoding beside the rows), without dictionary columns (read
+/// back, each batch carries its segment's dictionary). Elsewhere they are counted at
+/// four times the file's bytes (their concatenation, the key encoding and the table)
+/// and 12 bytes more a row for each view column (written as offsets), which under
+/// small limits takes pairs that fit for ones that do not and splits them finer than
+/// they need (`BENCHMARKS.md`, 69eb179).
 ///
-/// Rows with variable-width columns were once counted at four times the file's
-/// bytes. Wide rows under small limits (SF1 orders with every column under 5% of the
-/// build) then looked too large for the memory left although they fit, and each pair
-/// was split into 16 partitions, every probe batch into 16 fragments: slower than
-/// one level of two partitions (`BENCHMARKS.md`).
-fn pair_bytes(plan: &JoinPlan, build_file: &SpillFile) -> usize {
+/// Counted by the file's bytes alone, a narrow build of fixed-width keys seemed to
+/// fit a share in a fraction of it, took several times its file's bytes in rows,
+/// table and hashes, and every pair was joined in chunks.
+fn pair_bytes(plan: &JoinPlan, build_file: &SpillFile, compressed: bool) -> usize {
     let rows = usize::try_from(build_file.rows()).unwrap_or(usize::MAX);
-    let hashes = if plan.spills_hashes() { 0 } else { 8 };
-    let build = usize::try_from(build_bytes_in_memory(plan, build_file))
-        .unwrap_or(usize::MAX)
-        .saturating_add(rows.saturating_mul(hashes))
-        .saturating_add(crate::table::ChainedTable::size_for(rows));
+    let file = usize::try_from(build_file.bytes()).unwrap_or(usize::MAX);
+    let schema = plan.spill_schema(true);
+    let fields = schema.fields();
+    let table = crate::table::ChainedTable::size_for(rows);
+    let build = if let Some(widths) = crate::gather::fixed_widths(&schema) {
+        let hashes = if plan.spills_hashes() { 0 } else { 8 };
+        rows.saturating_mul(widths.iter().sum::<usize>() + hashes)
+            .saturating_add(table)
+    } else if !compressed
+        && plan.keys.is_word_key()
+        && !fields
+            .iter()
+            .any(|f| matches!(f.data_type(), DataType::Dictionary(..)))
+    {
+        usize::try_from(read_back_bytes(plan, build_file))
+            .unwrap_or(usize::MAX)
+            .saturating_add(rows.saturating_mul(8))
+            .saturating_add(table)
+    } else {
+        let views = fields.iter().filter(|f| is_view(f.data_type())).count();
+        file.saturating_mul(4)
+            .saturating_add(rows.saturating_mul(12 * views))
+    };
     let probe =
         crate::plan::probe_worker_bytes(plan.work_rows, plan.work_rows) + 3 * plan.work_rows * 32;
     build.saturating_add(probe)
 }
 
-/// Whether a pair fits a share of `share` bytes to be joined in on one thread
-/// ([`pair_bytes`]). Where rows have variable-width columns, the probe's batches are
-/// as wide and as many as the share allows, up to half of it (what a level reserves
-/// for them, [`crate::plan::ProbeShape::workers_headroom`]), so the build must fit
-/// in the other half: an estimate that left the probe out let in pairs that spilled
-/// within their shares and were joined in chunks.
-fn fits_share(plan: &JoinPlan, build_file: &SpillFile, share: usize) -> bool {
-    let room = match crate::gather::fixed_widths(&plan.spill_schema(true)) {
-        Some(_) => share,
-        None => share / 2,
-    };
-    share >= MIN_PAIR_SHARE && pair_bytes(plan, build_file) <= room
+fn is_view(data_type: &DataType) -> bool {
+    matches!(data_type, DataType::Utf8View | DataType::BinaryView)
 }
 
-/// The bytes a spilled build file's rows take once read back, at most: rows of
-/// fixed-width columns at their width; otherwise the file's bytes and, for each row,
-/// what its columns gain when read back: a view's 12 bytes (4 bytes of offset in the
-/// file, a 16-byte view in memory), and a fixed-width column's width less the
+/// Whether a pair fits a share of `share` bytes to be joined in on one thread
+/// ([`pair_bytes`]). Where either side's rows have variable-width columns, the
+/// level's probe batches and output are as wide and as many as the share allows, up
+/// to half of it ([`crate::plan::ProbeShape::workers_headroom`]), more than the probe
+/// worker's buffers [`pair_bytes`] counts: the pair must then fit in the other
+/// half, or its level spills within the share and joins it in chunks.
+fn fits_share(plan: &JoinPlan, build_file: &SpillFile, share: usize, compressed: bool) -> bool {
+    let fixed = |build| crate::gather::fixed_widths(&plan.spill_schema(build)).is_some();
+    let room = if fixed(true) && fixed(false) {
+        share
+    } else {
+        share / 2
+    };
+    share >= MIN_PAIR_SHARE && pair_bytes(plan, build_file, compressed) <= room
+}
+
+/// The bytes an uncompressed spilled build file's rows take once read back, as a
+/// batch's bytes count them ([`crate::batches::batch_bytes`]): the file's bytes and,
+/// for each row, what its columns regain: a view's 12 bytes (4 bytes of offset in
+/// the file, a 16-byte view in memory), and a fixed-width column's width less the
 /// narrowest it may be stored in (an `Int64` in the wide file schema,
-/// [`spilljoin_spill::file_schema`], may be stored as an `Int32`).
-fn build_bytes_in_memory(plan: &JoinPlan, build_file: &SpillFile) -> u64 {
-    let rows = build_file.rows();
+/// [`spilljoin_spill::file_schema`], may be stored as an `Int32`). Not dictionary
+/// columns, whose batches each count their dictionary.
+fn read_back_bytes(plan: &JoinPlan, build_file: &SpillFile) -> u64 {
     let logical = plan.spill_schema(true);
-    if let Some(widths) = crate::gather::fixed_widths(&logical) {
-        return rows.saturating_mul(widths.iter().sum::<usize>() as u64);
-    }
     let stored = spilljoin_spill::file_schema(&logical);
     let per_row: usize = logical
         .fields()
         .iter()
         .zip(stored.fields())
         .map(|(l, f)| match (l.data_type(), f.data_type()) {
-            (DataType::Utf8View | DataType::BinaryView, _) => 12,
+            (l, _) if is_view(l) => 12,
             (l, f) => {
                 let narrowest = match f {
                     DataType::Int64 => Some(4),
@@ -350,7 +383,7 @@ fn build_bytes_in_memory(plan: &JoinPlan, build_file: &SpillFile) -> u64 {
         .sum();
     build_file
         .bytes()
-        .saturating_add(rows.saturating_mul(per_row as u64))
+        .saturating_add(build_file.rows().saturating_mul(per_row as u64))
 }
 
 #[cfg(test)]
@@ -361,7 +394,7 @@ mod tests {
     use arrow_schema::{DataType, Field, Schema};
     use spilljoin_spill::{SpillConfig, SpillManager};
 
-    use super::build_bytes_in_memory;
+    use super::read_back_bytes;
     use crate::batches::batch_bytes;
     use crate::HashJoinBuilder;
 
@@ -415,7 +448,7 @@ mod tests {
         for batch in file.reader()? {
             read_back += batch_bytes(&batch?);
         }
-        let counted = build_bytes_in_memory(plan, &file) as usize;
+        let counted = usize::try_from(read_back_bytes(plan, &file))?;
         assert!(counted >= read_back, "{counted} < {read_back}");
         assert!(
             counted * 4 <= read_back * 5,

@@ -263,10 +263,9 @@ fn sub_level_bits(plan: &JoinPlan, build_file: &SpillFile, compressed: bool) -> 
     let limit = plan.pool.limit().bytes();
     let free = limit.saturating_sub(plan.pool.reserved());
     if pair_bytes(plan, build_file, compressed) <= free {
-        // (Only where the estimate counts fixed-width rows at their width: should a
+        // (Only where the estimate counts the rows as they are in memory: should a
         // level of one partition spill, the pair can only be joined in chunks.)
-        let counted = crate::gather::fixed_widths(&plan.spill_schema(true)).is_some();
-        if counted && build_file.rows() <= ONE_TABLE_ROWS {
+        if counts_rows_as_read(plan, compressed) && build_file.rows() <= ONE_TABLE_ROWS {
             0
         } else {
             plan.threads.max(1).next_power_of_two().ilog2()
@@ -314,12 +313,7 @@ fn pair_bytes(plan: &JoinPlan, build_file: &SpillFile, compressed: bool) -> usiz
         let hashes = if plan.spills_hashes() { 0 } else { 8 };
         rows.saturating_mul(widths.iter().sum::<usize>() + hashes)
             .saturating_add(table)
-    } else if !compressed
-        && plan.keys.is_word_key()
-        && !fields
-            .iter()
-            .any(|f| matches!(f.data_type(), DataType::Dictionary(..)))
-    {
+    } else if counts_rows_as_read(plan, compressed) {
         usize::try_from(read_back_bytes(plan, build_file))
             .unwrap_or(usize::MAX)
             .saturating_add(rows.saturating_mul(8))
@@ -332,6 +326,20 @@ fn pair_bytes(plan: &JoinPlan, build_file: &SpillFile, compressed: bool) -> usiz
     let probe =
         crate::plan::probe_worker_bytes(plan.work_rows, plan.work_rows) + 3 * plan.work_rows * 32;
     build.saturating_add(probe)
+}
+
+/// Whether [`pair_bytes`] counts a pair's build rows as they are in memory: rows of
+/// fixed-width columns, or rows counted as they read back (an uncompressed file, one
+/// word key, no dictionary columns).
+fn counts_rows_as_read(plan: &JoinPlan, compressed: bool) -> bool {
+    let schema = plan.spill_schema(true);
+    crate::gather::fixed_widths(&schema).is_some()
+        || (!compressed
+            && plan.keys.is_word_key()
+            && !schema
+                .fields()
+                .iter()
+                .any(|f| matches!(f.data_type(), DataType::Dictionary(..))))
 }
 
 fn is_view(data_type: &DataType) -> bool {

@@ -181,6 +181,18 @@ fn spilled_join(
     depth: u32,
     limit: Option<usize>,
 ) -> (Vec<String>, JoinMetrics) {
+    spilled_join_on(left, right, join_type, depth, limit, 2)
+}
+
+/// [`spilled_join`] on `threads` threads.
+fn spilled_join_on(
+    left: &[RecordBatch],
+    right: &[RecordBatch],
+    join_type: JoinType,
+    depth: u32,
+    limit: Option<usize>,
+    threads: usize,
+) -> (Vec<String>, JoinMetrics) {
     let root = tempfile::tempdir().unwrap();
     let spill = SpillManager::new(SpillConfig::default().with_root_dir(root.path())).unwrap();
     let pool: Arc<dyn MemoryPool> = match limit {
@@ -195,7 +207,7 @@ fn spilled_join(
         .with_join_type(join_type)
         .with_memory_pool(Arc::clone(&pool))
         .with_spill_manager(spill.clone())
-        .with_threads(2)
+        .with_threads(threads)
         // (The right input builds at every level, so that each side's bytes are
         // checked against its own rows.)
         .with_swap_spilled_pairs(false)
@@ -305,6 +317,82 @@ fn string_rows_spilled_under_a_limit_cost_their_own_bytes() {
             assert!(output == expected, "wrong answer: {context}: {m:?}");
             assert!(m.peak_reserved_bytes <= limit as u64, "{context}: {m:?}");
             check_bytes(&m, per_row(&right), per_row(&left), &context);
+        }
+    }
+}
+
+/// A side without its dictionary column: rows a spilled pair counts as they read back
+/// (an uncompressed file, one word key), so that a pair that fits is joined in one
+/// table, one level of one partition.
+fn without_dictionary(batch: &RecordBatch) -> RecordBatch {
+    let columns: Vec<usize> = (0..batch.num_columns())
+        .filter(|&i| !matches!(batch.column(i).data_type(), DataType::Dictionary(..)))
+        .collect();
+    batch.project(&columns).unwrap()
+}
+
+/// A pair joined in one table whose level spills all the same (forced) cannot split:
+/// it is joined in chunks, exactly.
+#[test]
+fn string_pairs_joined_in_one_table_are_exact_when_their_level_spills() {
+    let (seed, mut rng) = rng_for(73);
+    let (left, right) = (
+        without_dictionary(&side(&mut rng, "l")),
+        without_dictionary(&side(&mut rng, "r")),
+    );
+    let (l, r) = (
+        batches(&mut rng, &left, Shape::Sliced),
+        batches(&mut rng, &right, Shape::Sliced),
+    );
+    for threads in [2, 4] {
+        for join_type in [
+            JoinType::Inner,
+            JoinType::Full,
+            JoinType::LeftAnti,
+            JoinType::Right,
+        ] {
+            let context = format!("{join_type} {threads} threads (seed {seed})");
+            let (output, m) = spilled_join_on(&l, &r, join_type, 1, None, threads);
+            assert!(
+                output == expected(&left, &right, join_type),
+                "wrong answer: {context}: {m:?}"
+            );
+            assert!(
+                m.fallbacks > 0,
+                "no pair joined in one table: {context}: {m:?}"
+            );
+        }
+    }
+}
+
+/// Under real limits, on two and four threads: exact, inside the limit, and no pair
+/// of such rows taken for one that fits one table and then spilled (its level could
+/// only join it in chunks).
+#[test]
+fn string_pairs_under_a_limit_are_exact_and_not_joined_in_chunks() {
+    let (seed, mut rng) = rng_for(74);
+    let (left, right) = (
+        without_dictionary(&side(&mut rng, "l")),
+        without_dictionary(&side(&mut rng, "r")),
+    );
+    let (l, r) = (
+        batches(&mut rng, &left, Shape::Taken),
+        batches(&mut rng, &right, Shape::Taken),
+    );
+    for threads in [2, 4] {
+        for (join_type, limit) in [(JoinType::Inner, 1 << 20), (JoinType::Left, 3 << 19)] {
+            let context = format!("{join_type} {threads} threads, limit {limit} (seed {seed})");
+            let (output, m) = spilled_join_on(&l, &r, join_type, 0, Some(limit), threads);
+            assert!(
+                output == expected(&left, &right, join_type),
+                "wrong answer: {context}: {m:?}"
+            );
+            assert!(m.peak_reserved_bytes <= limit as u64, "{context}: {m:?}");
+            assert!(
+                m.build_rows_spilled > 0,
+                "nothing spilled: {context}: {m:?}"
+            );
+            assert_eq!(m.fallbacks, 0, "{context}: {m:?}");
         }
     }
 }

@@ -253,19 +253,24 @@ pub(super) fn join_pair(
 }
 
 /// The radix bits of the level below for a spilled pair: [`SUB_LEVEL_BITS`], or, when
-/// the pair fits in the memory left ([`pair_bytes`]), one partition — or, for
-/// a pair of more than [`ONE_TABLE_ROWS`] build rows joined on several threads, only
-/// enough partitions for every thread to build a table. More would cut every batch
-/// into more, smaller fragments and probe two tables for nothing.
+/// the pair fits in the memory left ([`pair_bytes`]), enough partitions for every
+/// thread to build a table — or one partition, for a pair of at most
+/// [`ONE_TABLE_ROWS`] build rows counted as they are in memory
+/// ([`counts_rows_as_read`]). More would cut every batch into more, smaller fragments
+/// and probe two tables for nothing.
 /// Should the estimate be wrong, the level below spills: with one partition it cannot
-/// split, and the pair is joined in chunks ([`fallback`]).
+/// split, and the pair is joined in chunks ([`fallback`]); with more, the partitions
+/// that spill are split again. [`pair_bytes`] counts one probe worker's buffers, not
+/// all the headroom a level reserves for wide probe batches on every thread, so a
+/// pair of wide rows on many threads can be judged to fit and then be joined in
+/// chunks; counting the whole headroom kept such pairs out of one table everywhere
+/// and spilled them a level deeper instead, which was slower (`BENCHMARKS.md`).
 fn sub_level_bits(plan: &JoinPlan, build_file: &SpillFile, compressed: bool) -> u32 {
     let limit = plan.pool.limit().bytes();
     let free = limit.saturating_sub(plan.pool.reserved());
     if pair_bytes(plan, build_file, compressed) <= free {
-        // (Only where the estimate counts the rows as they are in memory: should a
-        // level of one partition spill, the pair can only be joined in chunks.)
-        if counts_rows_as_read(plan, compressed) && build_file.rows() <= ONE_TABLE_ROWS {
+        // (Only where the estimate counts the rows as they are in memory.)
+        if build_file.rows() <= ONE_TABLE_ROWS && counts_rows_as_read(plan, compressed) {
             0
         } else {
             plan.threads.max(1).next_power_of_two().ilog2()
@@ -293,12 +298,12 @@ const ONE_TABLE_ROWS: u64 = 1 << 20;
 /// width in memory (a spill file may hold them narrower,
 /// [`spilljoin_spill::segment_schema`]). Others are counted as they read back
 /// ([`read_back_bytes`]) where that is all they take: an uncompressed file, joined on
-/// one word key (no key encoding beside the rows), without dictionary columns (read
+/// one word key (no encoded keys beside the rows), without dictionary columns (read
 /// back, each batch carries its segment's dictionary). Elsewhere they are counted at
 /// four times the file's bytes (their concatenation, the key encoding and the table)
 /// and 12 bytes more a row for each view column (written as offsets), which under
 /// small limits takes pairs that fit for ones that do not and splits them finer than
-/// they need (`BENCHMARKS.md`, 69eb179).
+/// they need.
 ///
 /// Counted by the file's bytes alone, a narrow build of fixed-width keys seemed to
 /// fit a share in a fraction of it, took several times its file's bytes in rows,
@@ -314,9 +319,11 @@ fn pair_bytes(plan: &JoinPlan, build_file: &SpillFile, compressed: bool) -> usiz
         rows.saturating_mul(widths.iter().sum::<usize>() + hashes)
             .saturating_add(table)
     } else if counts_rows_as_read(plan, compressed) {
+        // (Their hashes, and the key widened to a word with its validity, which a
+        // key narrower than a word takes beside the rows.)
         usize::try_from(read_back_bytes(plan, build_file))
             .unwrap_or(usize::MAX)
-            .saturating_add(rows.saturating_mul(8))
+            .saturating_add(rows.saturating_mul(8 + 9))
             .saturating_add(table)
     } else {
         let views = fields.iter().filter(|f| is_view(f.data_type())).count();
@@ -342,6 +349,7 @@ fn counts_rows_as_read(plan: &JoinPlan, compressed: bool) -> bool {
                 .any(|f| matches!(f.data_type(), DataType::Dictionary(..))))
 }
 
+/// Whether a column of `data_type` is a view column (read back from offsets).
 fn is_view(data_type: &DataType) -> bool {
     matches!(data_type, DataType::Utf8View | DataType::BinaryView)
 }

@@ -331,19 +331,33 @@ fn without_dictionary(batch: &RecordBatch) -> RecordBatch {
     batch.project(&columns).unwrap()
 }
 
+/// Both sides of test `case` without their dictionary columns, whole and as batches of
+/// `shape`, and the seed.
+fn sides_without_dictionary(
+    case: u64,
+    shape: Shape,
+) -> (
+    u64,
+    RecordBatch,
+    RecordBatch,
+    Vec<RecordBatch>,
+    Vec<RecordBatch>,
+) {
+    let (seed, mut rng) = rng_for(case);
+    let left = without_dictionary(&side(&mut rng, "l"));
+    let right = without_dictionary(&side(&mut rng, "r"));
+    let (l, r) = (
+        batches(&mut rng, &left, shape),
+        batches(&mut rng, &right, shape),
+    );
+    (seed, left, right, l, r)
+}
+
 /// A pair joined in one table whose level spills all the same (forced) cannot split:
 /// it is joined in chunks, exactly.
 #[test]
 fn string_pairs_joined_in_one_table_are_exact_when_their_level_spills() {
-    let (seed, mut rng) = rng_for(73);
-    let (left, right) = (
-        without_dictionary(&side(&mut rng, "l")),
-        without_dictionary(&side(&mut rng, "r")),
-    );
-    let (l, r) = (
-        batches(&mut rng, &left, Shape::Sliced),
-        batches(&mut rng, &right, Shape::Sliced),
-    );
+    let (seed, left, right, l, r) = sides_without_dictionary(73, Shape::Sliced);
     for threads in [2, 4] {
         for join_type in [
             JoinType::Inner,
@@ -370,15 +384,7 @@ fn string_pairs_joined_in_one_table_are_exact_when_their_level_spills() {
 /// only join it in chunks).
 #[test]
 fn string_pairs_under_a_limit_are_exact_and_not_joined_in_chunks() {
-    let (seed, mut rng) = rng_for(74);
-    let (left, right) = (
-        without_dictionary(&side(&mut rng, "l")),
-        without_dictionary(&side(&mut rng, "r")),
-    );
-    let (l, r) = (
-        batches(&mut rng, &left, Shape::Taken),
-        batches(&mut rng, &right, Shape::Taken),
-    );
+    let (seed, left, right, l, r) = sides_without_dictionary(74, Shape::Taken);
     for threads in [2, 4] {
         for (join_type, limit) in [(JoinType::Inner, 1 << 20), (JoinType::Left, 3 << 19)] {
             let context = format!("{join_type} {threads} threads, limit {limit} (seed {seed})");

@@ -11,12 +11,11 @@ use std::num::NonZeroUsize;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
+use arrow_schema::DataType;
 use spilljoin_memory::{
     GreedyMemoryPool, MemoryConsumer, MemoryLimit, MemoryPool, TrackConsumersPool,
 };
 use spilljoin_spill::{SpillCompression, SpillFile};
-
-use arrow_schema::DataType;
 
 use super::fallback::fallback;
 use super::level::{file_input, run_level};

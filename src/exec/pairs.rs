@@ -406,7 +406,7 @@ mod tests {
     use std::sync::Arc;
 
     use arrow_array::{ArrayRef, Decimal128Array, Int64Array, RecordBatch, StringViewArray};
-    use arrow_schema::{DataType, Field, Schema};
+    use arrow_schema::{ArrowError, DataType, Field, Schema};
     use spilljoin_spill::{SpillConfig, SpillManager};
 
     use super::read_back_bytes;
@@ -415,7 +415,7 @@ mod tests {
 
     /// A build side like TPC-H orders with strings: a key, a price, a short and a
     /// long string, the strings viewed out of a larger batch.
-    fn orders(rows: usize) -> RecordBatch {
+    fn orders(rows: usize) -> Result<RecordBatch, ArrowError> {
         let schema = Arc::new(Schema::new(vec![
             Field::new("k", DataType::Int64, false),
             Field::new("price", DataType::Decimal128(12, 2), true),
@@ -429,21 +429,20 @@ mod tests {
             )),
             Arc::new(
                 Decimal128Array::from_iter((0..rows).map(|i| (i % 9 != 0).then_some(i as i128)))
-                    .with_precision_and_scale(12, 2)
-                    .expect("a valid precision"),
+                    .with_precision_and_scale(12, 2)?,
             ),
             Arc::new(StringViewArray::from_iter(
                 (0..rows).map(|i| (i % 5 != 0).then(|| format!("{}-URGENT", i % 5))),
             )),
             Arc::new(StringViewArray::from_iter_values((0..rows).map(long))),
         ];
-        RecordBatch::try_new(schema, columns).expect("columns of the schema")
+        RecordBatch::try_new(schema, columns)
     }
 
     #[test]
     fn a_pairs_build_rows_are_counted_at_least_as_they_read_back_and_not_far_more(
     ) -> Result<(), Box<dyn std::error::Error>> {
-        let whole = orders(30_000);
+        let whole = orders(30_000)?;
         let join = HashJoinBuilder::new(whole.schema(), whole.schema(), [("k", "k")]).build()?;
         let plan = &join.plan;
         let dir = tempfile::tempdir()?;

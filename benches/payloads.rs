@@ -15,6 +15,11 @@
 //! Kernels:
 //! - `gather/{layout}`: the rows in 16 partitions by `key % 16`, gathered into
 //!   16 buffers a 4096-row input batch at a time, then finished into batches;
+//! - `spill gather/{layout}`: as the probe gathers the rows of spilled partitions:
+//!   64 partitions by `key % 64`, 8192-row input batches, into buffers of a spill
+//!   file's schema (`spilljoin::spill::file_schema`: view columns as offsets) that
+//!   are finished every 1,024 rows and then expect that many (the partitioning is
+//!   done before the clock starts);
 //! - `write/{layout}`: 8192-row batches written to a spill file (uncompressed);
 //!   the batches are `take`s from the whole column in random order, as a join's
 //!   partition fragments were: their view and dictionary columns share the whole
@@ -191,6 +196,49 @@ fn gather(batch: &RecordBatch) -> Vec<RecordBatch> {
         .collect()
 }
 
+/// `batch` in 8192-row pieces, each with its rows' partitions (`key % 64`).
+type Pieces = Vec<(Vec<ArrayData>, Vec<Vec<u32>>)>;
+
+fn pieces(batch: &RecordBatch) -> Pieces {
+    let keys = batch
+        .column(0)
+        .as_any()
+        .downcast_ref::<Int64Array>()
+        .expect("an Int64 key");
+    (0..batch.num_rows())
+        .step_by(8192)
+        .map(|start| {
+            let len = 8192.min(batch.num_rows() - start);
+            let piece = batch.slice(start, len);
+            let mut rows = vec![Vec::new(); 64];
+            for r in 0..len {
+                rows[(keys.value(start + r) % 64) as usize].push(r as u32);
+            }
+            (piece.columns().iter().map(|c| c.to_data()).collect(), rows)
+        })
+        .collect()
+}
+
+/// The rows of `pieces` gathered as a spilling probe does; the rows finished.
+fn spill_gather(schema: &arrow_schema::SchemaRef, pieces: &Pieces) -> usize {
+    let file_schema = spilljoin::spill::file_schema(schema);
+    let mut parts: Vec<GatherBuffer> = (0..64)
+        .map(|_| GatherBuffer::new(Arc::clone(&file_schema)).expect("gatherable"))
+        .collect();
+    let mut finished = 0;
+    for (data, rows) in pieces {
+        for (part, rows) in parts.iter_mut().zip(rows) {
+            part.append(data, rows, None).expect("appended");
+            if part.len() >= 1024 {
+                let len = part.len();
+                part.expect_rows(len);
+                finished += black_box(part.finish().expect("finished")).num_rows();
+            }
+        }
+    }
+    finished
+}
+
 /// 8192-row batches taken from `batch` in random order.
 fn taken(batch: &RecordBatch) -> Vec<RecordBatch> {
     let mut order: Vec<u32> = (0..batch.num_rows() as u32).collect();
@@ -229,6 +277,11 @@ fn bench_payloads(c: &mut Criterion) {
             .warm_up_time(Duration::from_millis(500))
             .measurement_time(Duration::from_secs(2));
         group.bench_function("gather", |b| b.iter(|| black_box(gather(&batch))));
+        let pieces = pieces(&batch);
+        let schema = batch.schema();
+        group.bench_function("spill gather", |b| {
+            b.iter(|| black_box(spill_gather(&schema, &pieces)))
+        });
         group.bench_function("write", |b| {
             b.iter(|| black_box(write(&manager, &batches).rows()))
         });

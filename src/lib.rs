@@ -60,7 +60,7 @@ pub use filter::{FilterPredicate, JoinFilter};
 pub use join::{
     partition_bits_for, CancelHandle, HashJoin, HashJoinBuilder, InputStatistics, JoinMetrics,
     JoinStream, MetricsHandle, DEFAULT_BATCH_SIZE_ROWS, DEFAULT_PARTITION_BITS,
-    MAX_BATCH_SIZE_ROWS,
+    MAX_BATCH_SIZE_ROWS, SMALL_BUILD_ROWS,
 };
 pub use join_type::{BuildJoinType, JoinType};
 pub use keys::NullEquality;

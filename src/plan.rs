@@ -236,17 +236,21 @@ impl ForceSpill {
     /// The plan's setting, or the environment's where the plan sets none.
     pub fn of(plan: &JoinPlan) -> Self {
         let env = |name: &str| std::env::var(name).ok();
-        let fraction = plan
-            .force_spill_fraction
-            .unwrap_or_else(|| match env(FORCE_SPILL_ENV) {
-                Some(v) if v.eq_ignore_ascii_case("all") => 1.0,
-                Some(v) => v.parse::<f64>().map_or(0.0, |f| f.clamp(0.0, 1.0)),
-                None => 0.0,
-            });
+        let fraction = Self::fraction(plan.force_spill_fraction);
         let depth = plan.force_spill_depth.unwrap_or_else(|| {
             env(FORCE_SPILL_DEPTH_ENV).map_or(0, |v| v.parse::<u32>().unwrap_or(0))
         });
         ForceSpill { fraction, depth }
+    }
+
+    /// The fraction of partitions forced to spill: `setting` (a plan's), or the
+    /// environment's where it is `None`.
+    pub fn fraction(setting: Option<f64>) -> f64 {
+        setting.unwrap_or_else(|| match std::env::var(FORCE_SPILL_ENV).ok() {
+            Some(v) if v.eq_ignore_ascii_case("all") => 1.0,
+            Some(v) => v.parse::<f64>().map_or(0.0, |f| f.clamp(0.0, 1.0)),
+            None => 0.0,
+        })
     }
 
     /// The fraction of partitions forced to spill at a level of this depth.

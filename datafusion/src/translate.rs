@@ -29,7 +29,10 @@ use datafusion::physical_expr::expressions::Column;
 use datafusion::physical_expr::PhysicalExprRef;
 use datafusion::physical_plan::joins::utils::JoinFilter as DfJoinFilter;
 use datafusion::physical_plan::joins::HashJoinExec;
-use spilljoin::{HashJoinBuilder, JoinFilter, JoinType, NullEquality, Side};
+use datafusion::physical_plan::statistics::{StatisticsArgs, StatisticsContext};
+use datafusion::physical_plan::ExecutionPlan;
+
+use spilljoin::{HashJoinBuilder, InputStatistics, JoinFilter, JoinType, NullEquality, Side};
 
 /// How one input's batches become the engine's: renamed columns plus evaluated keys.
 #[derive(Debug)]
@@ -106,6 +109,11 @@ impl Definition {
                 DfNullEquality::NullEqualsNull => NullEquality::NullEqualsNull,
             })
             .with_build_side(build);
+        let (first_rows, second_rows) = (rows_estimate(hash.left()), rows_estimate(hash.right()));
+        builder = match swapped {
+            false => builder.with_statistics(first_rows, second_rows),
+            true => builder.with_statistics(second_rows, first_rows),
+        };
         if let Some(filter) = hash.filter() {
             builder = builder.with_filter(engine_filter(filter, swapped));
         }
@@ -135,6 +143,20 @@ impl Definition {
             &options,
         )?)
     }
+}
+
+/// The rows DataFusion expects of `input` (exact or estimated, all its partitions), as
+/// engine statistics: rows only, since DataFusion's byte sizes are not the Arrow bytes
+/// of the columns the join reads. The engine joins a small build in one partition
+/// (`spilljoin::SMALL_BUILD_ROWS`); an estimate too low costs speed, never the
+/// answer (a build that turns out large is split when it spills).
+fn rows_estimate(input: &Arc<dyn ExecutionPlan>) -> InputStatistics {
+    let rows = StatisticsContext::new()
+        .compute(input.as_ref(), &StatisticsArgs::new())
+        .ok()
+        .and_then(|stats| stats.num_rows.get_value().copied())
+        .and_then(|rows| u64::try_from(rows).ok());
+    InputStatistics::new(None, rows)
 }
 
 /// The engine's join type and build side for DataFusion's `join_type`.

@@ -12,7 +12,7 @@ use arrow_schema::SchemaRef;
 use spilljoin_memory::{MemoryPool, UnboundedMemoryPool};
 use spilljoin_spill::SpillManager;
 
-use super::partition_bits::partition_bits_for;
+use super::partition_bits::{partition_bits_for, SMALL_BUILD_ROWS};
 use super::HashJoin;
 use crate::context::MAX_DEPTH;
 use crate::error::{JoinError, Result, Side};
@@ -21,7 +21,7 @@ use crate::join_type::JoinType;
 use crate::keys::{KeySpec, NullEquality};
 use crate::output::OutputLayout;
 use crate::partition::{HashBits, MAX_PARTITION_BITS};
-use crate::plan::{HotKeySplit, JoinPlan};
+use crate::plan::{ForceSpill, HotKeySplit, JoinPlan};
 
 /// The default output batch size in rows.
 pub const DEFAULT_BATCH_SIZE_ROWS: usize = 8192;
@@ -351,6 +351,14 @@ impl HashJoinBuilder {
             Side::Right => self.statistics.1,
         };
         let build_bytes_hint = self.build_size_hint_bytes.or(build_stats.bytes);
+        let build_schema = match build {
+            Side::Left => &self.left,
+            Side::Right => &self.right,
+        };
+        // A small build's bytes, when only its rows are known, so that the fan-out
+        // can tell whether it fits (`SMALL_BUILD_ROWS`).
+        let bits_bytes_hint =
+            build_bytes_hint.or_else(|| small_build_bytes(build_schema, build_stats.rows));
         let partition_bits = match self.partition_bits {
             Some(bits) if bits > MAX_PARTITION_BITS => {
                 return Err(JoinError::InvalidJoin(format!(
@@ -358,13 +366,20 @@ impl HashJoinBuilder {
                 )))
             }
             Some(bits) => bits,
-            None => partition_bits_for(
-                build_bytes_hint,
+            None => match partition_bits_for(
+                bits_bytes_hint,
                 build_stats.rows,
                 pool.limit().bytes(),
                 self.threads,
                 self.batch_size_rows,
-            ),
+            ) {
+                // Forced spilling (tests) spills a fraction of the partitions: a
+                // small build still gets several, so that some stay in memory.
+                0 if ForceSpill::fraction(self.force_spill_fraction) > 0.0 => {
+                    super::DEFAULT_PARTITION_BITS
+                }
+                bits => bits,
+            },
         };
         let bits = HashBits::new(partition_bits);
         let mut plan = self.plan_for(build, Arc::clone(&pool), bits)?;
@@ -460,4 +475,17 @@ impl HashJoinBuilder {
             build_bytes_hint: None,
         })
     }
+}
+
+/// What a build of `rows` rows of `schema` is taken to need, when they are at most
+/// [`SMALL_BUILD_ROWS`]: each fixed-width column its width, any other column 64 bytes
+/// (more than most strings of a small build; a wrong guess costs speed only).
+fn small_build_bytes(schema: &SchemaRef, rows: Option<u64>) -> Option<u64> {
+    let rows = rows.filter(|&r| r <= SMALL_BUILD_ROWS)?;
+    let row: usize = schema
+        .fields()
+        .iter()
+        .map(|f| f.data_type().primitive_width().unwrap_or(64))
+        .sum();
+    Some(rows.saturating_mul(row as u64))
 }

@@ -39,5 +39,5 @@ pub use builder::{HashJoinBuilder, InputStatistics, DEFAULT_BATCH_SIZE_ROWS, MAX
 pub use hash_join::HashJoin;
 pub(crate) use metrics::snapshot;
 pub use metrics::{JoinMetrics, MetricsHandle};
-pub use partition_bits::{partition_bits_for, DEFAULT_PARTITION_BITS};
+pub use partition_bits::{partition_bits_for, DEFAULT_PARTITION_BITS, SMALL_BUILD_ROWS};
 pub use stream::{CancelHandle, JoinStream};

@@ -14,6 +14,13 @@ use crate::plan::{work_rows_for, ProbeShape};
 /// per-partition fragments of a batch stay hundreds of rows long.
 pub const DEFAULT_PARTITION_BITS: u32 = 4;
 
+/// The most build rows joined in one partition, with no radix bits, when the build is
+/// expected to fit its limit eight times over (or there is no limit): partitions would
+/// only cut every probe batch into fragments, each row hashed and grouped, to build
+/// tables of a few thousand rows each in parallel. (TPC-H Q11 at SF1 through
+/// DataFusion: joins of 1 and 10,000 build rows against 800,000 probe rows.)
+pub const SMALL_BUILD_ROWS: u64 = 1 << 16;
+
 /// The radix bits of the first partitioning level, from the build's expected size
 /// (bytes in memory and, when known, rows), the memory limit, the threads and the
 /// batch size (what the probe's batches take).
@@ -49,9 +56,9 @@ pub const DEFAULT_PARTITION_BITS: u32 = 4;
 /// level, every row written twice; 32 that fit), or as many as each keep 16 KiB of
 /// the whole limit when only that many can (the same build under 1.7 MiB: 64
 /// partitions, not 8 split again). A build that fits eight times over gets two
-/// partitions per thread (at most [`DEFAULT_PARTITION_BITS`] bits). Unknown sizes or
-/// no limit give the default; a partition that still does not fit is split again at
-/// the next level.
+/// partitions per thread (at most [`DEFAULT_PARTITION_BITS`] bits), and one of at most
+/// [`SMALL_BUILD_ROWS`] rows one partition. Otherwise unknown sizes or no limit give
+/// the default; a partition that still does not fit is split again at the next level.
 pub fn partition_bits_for(
     build_size_hint_bytes: Option<u64>,
     build_rows_hint: Option<u64>,
@@ -59,10 +66,17 @@ pub fn partition_bits_for(
     threads: usize,
     batch_size: usize,
 ) -> u32 {
+    let unlimited = limit_bytes == usize::MAX || limit_bytes == 0;
+    let fits_eight_times = |build: u64| build.saturating_mul(8) <= limit_bytes as u64;
+    if build_rows_hint.is_some_and(|rows| rows > 0 && rows <= SMALL_BUILD_ROWS)
+        && (unlimited || build_size_hint_bytes.is_some_and(fits_eight_times))
+    {
+        return 0;
+    }
     let Some(build) = build_size_hint_bytes else {
         return DEFAULT_PARTITION_BITS;
     };
-    if limit_bytes == usize::MAX || limit_bytes == 0 {
+    if unlimited {
         return DEFAULT_PARTITION_BITS;
     }
     let ratio = 8.0 * build as f64 / limit_bytes as f64;

@@ -4,7 +4,9 @@
 use std::sync::Arc;
 
 use super::partition_bits::{one_level_need, ONE_LEVEL_SLACK};
-use super::{partition_bits_for, HashJoinBuilder, DEFAULT_PARTITION_BITS};
+use super::{
+    partition_bits_for, HashJoinBuilder, InputStatistics, DEFAULT_PARTITION_BITS, SMALL_BUILD_ROWS,
+};
 use crate::context::MAX_DEPTH;
 use crate::error::JoinError;
 use crate::partition::MAX_PARTITION_BITS;
@@ -29,6 +31,37 @@ fn a_max_depth_beyond_the_hash_bits_is_refused() {
         join(MAX_DEPTH + 1),
         Err(JoinError::InvalidJoin(_))
     ));
+}
+
+#[test]
+fn a_small_build_known_by_its_rows_alone_is_one_partition() -> Result<(), JoinError> {
+    let schema = Arc::new(arrow_schema::Schema::new(vec![
+        arrow_schema::Field::new("k", arrow_schema::DataType::Int64, true),
+        arrow_schema::Field::new("s", arrow_schema::DataType::Utf8, true),
+    ]));
+    let join = |rows: u64, limit: Option<usize>, forced: bool| {
+        let rows = InputStatistics::new(None, Some(rows));
+        let mut builder =
+            HashJoinBuilder::new(Arc::clone(&schema), Arc::clone(&schema), [("k", "k")])
+                .with_statistics(rows, rows)
+                .with_threads(2);
+        if let Some(limit) = limit {
+            builder =
+                builder.with_memory_pool(Arc::new(spilljoin_memory::GreedyMemoryPool::new(limit)));
+        }
+        if forced {
+            builder = builder.with_force_spill(0.5);
+        }
+        builder.build().map(|j| j.partition_bits())
+    };
+    // 10,000 rows are taken at 72 bytes: 720,000, which fits 8 MiB eight times over.
+    assert_eq!(join(10_000, None, false)?, 0);
+    assert_eq!(join(10_000, Some(8 * MIB), false)?, 0);
+    assert_ne!(join(10_000, Some(4 * MIB), false)?, 0);
+    assert_ne!(join(SMALL_BUILD_ROWS + 1, None, false)?, 0);
+    // Forced spilling keeps partitions, some of which stay in memory.
+    assert_eq!(join(10_000, None, true)?, DEFAULT_PARTITION_BITS);
+    Ok(())
 }
 
 #[test]
@@ -59,6 +92,24 @@ fn partitions_are_as_many_as_one_level_needs_while_they_can_be_buffered() {
     assert_eq!(
         partition_bits_for(None, Some(1_500_000), MIB, 2, 8192),
         DEFAULT_PARTITION_BITS
+    );
+    // A small build: one partition with no limit or a limit it fits eight times over,
+    // the usual rule otherwise (and with only its rows known under a limit).
+    let small = Some(SMALL_BUILD_ROWS);
+    assert_eq!(partition_bits_for(None, small, usize::MAX, 2, 8192), 0);
+    assert_eq!(
+        partition_bits_for(Some(MIB as u64), small, 8 * MIB, 2, 8192),
+        0
+    );
+    assert_ne!(
+        partition_bits_for(Some(MIB as u64), small, 4 * MIB, 2, 8192),
+        0
+    );
+    assert_ne!(partition_bits_for(None, small, 8 * MIB, 2, 8192), 0);
+    let more = Some(SMALL_BUILD_ROWS + 1);
+    assert_ne!(
+        partition_bits_for(Some(MIB as u64), more, usize::MAX, 2, 8192),
+        0
     );
     // Zero rows beside some bytes: sized by the bytes alone.
     let limits = [17_991_680, 8_996_864, 3_599_360, 1_799_168, 899_584];

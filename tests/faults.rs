@@ -1,5 +1,5 @@
 //! Faults at every phase of a spilling join: a full disk (`ENOSPC`), a spill file cut
-//! short and a garbled message, injected by the spill crate's fault hook
+//! short, a read that fails (`EIO`) and a garbled message, injected by the spill crate's fault hook
 //! (`spilljoin_spill::FaultPlan`, feature `fault-injection`, which this crate's
 //! dev-dependency turns on) into the build's spill, the probe's, the reading back of
 //! spilled pairs, the writes of a level below, the hot-key split and the chunked
@@ -176,6 +176,8 @@ enum Expected {
     NoSpace,
     /// `JoinError::Spill(SpillError::Corrupt { .. })`.
     Corrupt,
+    /// `JoinError::Spill(SpillError::Io { .. })` with `EIO`.
+    ReadError,
 }
 
 impl Expected {
@@ -183,6 +185,7 @@ impl Expected {
         match kind {
             FaultKind::NoSpace => Expected::NoSpace,
             FaultKind::CorruptMessage | FaultKind::ShortRead => Expected::Corrupt,
+            FaultKind::ReadError => Expected::ReadError,
         }
     }
 
@@ -192,6 +195,9 @@ impl Expected {
                 source.kind() == std::io::ErrorKind::StorageFull
             }
             (Expected::Corrupt, JoinError::Spill(SpillError::Corrupt { .. })) => true,
+            (Expected::ReadError, JoinError::Spill(SpillError::Io { source, .. })) => {
+                source.raw_os_error() == Some(5) || !cfg!(unix)
+            }
             _ => false,
         }
     }
@@ -423,6 +429,8 @@ fn faults_reading_spilled_pairs_back() {
         case(SPILLED, FaultKind::ShortRead, "probe-d0", 3),
         case(MMAP, FaultKind::ShortRead, "build-d0", 2),
         case(MMAP, FaultKind::CorruptMessage, "probe-d0", 1),
+        case(SPILLED, FaultKind::ReadError, "build-d0", 2),
+        case(MMAP, FaultKind::ReadError, "probe-d0", 1),
     ]);
 }
 
@@ -442,6 +450,7 @@ fn faults_under_memory_pressure() {
         case(PRESSURE, FaultKind::ShortRead, "build-d0", 5),
         case(PRESSURE, FaultKind::ShortRead, "build-d0", 70),
         case(PRESSURE, FaultKind::ShortRead, "probe-d0", 30),
+        case(PRESSURE, FaultKind::ReadError, "probe-d0", 12),
     ]);
 }
 
@@ -454,6 +463,7 @@ fn faults_at_level_1() {
         case(LEVEL_1, FaultKind::NoSpace, "probe-d1", 2),
         case(LEVEL_1, FaultKind::CorruptMessage, "build-d1", 1),
         case(LEVEL_1, FaultKind::ShortRead, "probe-d1", 1),
+        case(LEVEL_1, FaultKind::ReadError, "build-d1", 1),
     ]);
 }
 
@@ -466,6 +476,7 @@ fn faults_in_the_hot_key_split() {
         case(HOT_KEY, FaultKind::NoSpace, "probe-cold", 1),
         case(HOT_KEY, FaultKind::CorruptMessage, "build-cold", 1),
         case(HOT_KEY, FaultKind::ShortRead, "-hot", 2),
+        case(HOT_KEY, FaultKind::ReadError, "-cold", 1),
     ]);
 }
 
@@ -480,6 +491,7 @@ fn faults_in_the_chunked_fallback() {
         case(CHUNKED, FaultKind::ShortRead, "probe-d0", 2),
         case(CHUNKED, FaultKind::CorruptMessage, "probe-d0", 1),
         case(CHUNKS, FaultKind::ShortRead, "-d0", 150),
+        case(CHUNKS, FaultKind::ReadError, "-d0", 140),
     ]);
 }
 
@@ -564,4 +576,80 @@ fn a_plan_that_never_fires_changes_nothing_under_memory_pressure() {
             }
         }
     }
+}
+
+/// A prepared build (`HashJoin::prepare`, shared by the probes that attach it): a
+/// full disk while it spills fails the preparation; a read of its spilled partitions
+/// that fails or is cut short fails the probe that reads it, and a later probe of the
+/// same build (whose files the failed read left as they were) still gives the
+/// reference answer; nothing is left once the build and the join go.
+#[test]
+fn faults_in_a_prepared_build_and_its_probes() {
+    let inputs = inputs(SPILLED);
+    let right = &inputs.1;
+    let rows = SPILLED.shape.batch_rows;
+    for join_type in [
+        JoinType::Inner,
+        JoinType::Full,
+        JoinType::LeftAnti,
+        JoinType::RightSemi,
+        JoinType::RightNotIn,
+    ] {
+        let faults = FaultPlan::new().no_space_on_write("build-d0", 3);
+        let setup = Setup::new(SPILLED, Some(&faults));
+        let join = setup.join(SPILLED, join_type, &inputs);
+        let context = format!("preparing, {join_type:?}, faults {faults:?}");
+        match join.prepare(stream_of(right, rows)) {
+            Err(e) if Expected::NoSpace.matches(&e) => {}
+            Err(e) => panic!("{e:?} ({e}) is not the fault's error: {context}"),
+            Ok(_) => panic!("the preparation did not fail: {context}"),
+        }
+        assert_eq!(faults.fired(), 1, "the fault did not fire: {context}");
+        setup.assert_clean(join, &context);
+
+        for kind in [FaultKind::ShortRead, FaultKind::ReadError] {
+            probe_prepared_with_a_fault(join_type, kind, &inputs, rows);
+        }
+    }
+}
+
+/// The probing half of [`faults_in_a_prepared_build_and_its_probes`].
+fn probe_prepared_with_a_fault(
+    join_type: JoinType,
+    kind: FaultKind,
+    inputs: &(RecordBatch, RecordBatch),
+    rows: usize,
+) {
+    let (left, right) = inputs;
+    let faults = FaultPlan::new().with_rule(kind, "build-d0", 1);
+    let setup = Setup::new(SPILLED, Some(&faults));
+    let join = setup.join(SPILLED, join_type, inputs);
+    let context = format!("probing, {join_type:?}, faults {faults:?}");
+    let prepared = join.prepare(stream_of(right, rows)).unwrap();
+    let first: Vec<_> = join
+        .execute_prepared(prepared.clone(), stream_of(left, rows))
+        .unwrap()
+        .collect();
+    assert_eq!(faults.fired(), 1, "the fault did not fire: {context}");
+    match first.last() {
+        Some(Err(e)) if Expected::of(kind).matches(e) => {}
+        Some(Err(e)) => panic!("{e:?} ({e}) is not the fault's error: {context}"),
+        _ => panic!("the probe did not fail: {context}"),
+    }
+    let again = join
+        .execute_prepared(prepared.clone(), stream_of(left, rows))
+        .unwrap()
+        .collect::<Result<Vec<_>, _>>()
+        .unwrap_or_else(|e| panic!("the second probe failed: {e}: {context}"));
+    let expected = reference_join(
+        left,
+        right,
+        &[(0, 0)],
+        join_type,
+        false,
+        NullEquality::NullEqualsNothing,
+    );
+    assert!(rendered_rows(&again) == expected, "wrong answer: {context}");
+    drop(prepared);
+    setup.assert_clean(join, &context);
 }

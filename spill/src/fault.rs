@@ -16,6 +16,7 @@
 //!                                      the rule's label:
 //!                                   the nth  ─► ShortRead: half its body read,
 //!                                               then the file ends
+//!                                            ─► ReadError: EIO
 //! ```
 //!
 //! Each rule counts the operations of its own kind on the files it names, and fires
@@ -60,6 +61,10 @@ use arrow_buffer::Buffer;
 #[cfg(unix)]
 const ENOSPC: i32 = 28;
 
+/// `EIO`, "input/output error", on Linux, macOS and the BSDs.
+#[cfg(unix)]
+const EIO: i32 = 5;
+
 /// What a rule of a [`FaultPlan`] does when it fires.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum FaultKind {
@@ -80,6 +85,10 @@ pub enum FaultKind {
     /// read after the schema message that opens a reader's file (the end-of-stream
     /// marker included), by every reader of the manager's files.
     ShortRead,
+    /// A read of a message fails with `EIO` (an `io::Error` with raw OS error 5 on
+    /// Unix), as on a disk whose sector cannot be read: the reader returns
+    /// [`crate::SpillError::Io`]. Counts reads as [`FaultKind::ShortRead`] does.
+    ReadError,
 }
 
 impl FaultKind {
@@ -178,6 +187,17 @@ impl FaultPlan {
         self.with_rule(FaultKind::ShortRead, label, nth)
     }
 
+    /// Fails the `nth` read of a message (1: the first after each reader's schema
+    /// message) of a file whose name contains `label` with `EIO`
+    /// ([`FaultKind::ReadError`]).
+    ///
+    /// # Panics
+    ///
+    /// If `nth` is 0.
+    pub fn read_error(self, label: &str, nth: u64) -> Self {
+        self.with_rule(FaultKind::ReadError, label, nth)
+    }
+
     /// Adds a rule.
     ///
     /// # Panics
@@ -231,7 +251,7 @@ impl FaultPlan {
         write_all: fn(&mut dyn Write, &[Buffer]) -> io::Result<()>,
     ) -> io::Result<()> {
         match self.count(true, path) {
-            None | Some(FaultKind::ShortRead) => write_all(file, buffers),
+            None | Some(FaultKind::ShortRead | FaultKind::ReadError) => write_all(file, buffers),
             Some(FaultKind::NoSpace) => {
                 let bytes: usize = buffers.iter().map(|b| b.len()).sum();
                 let mut full = FillsUp {
@@ -244,9 +264,10 @@ impl FaultPlan {
         }
     }
 
-    /// Whether the next message read from `path` is cut short.
-    pub(crate) fn read_cut_short(&self, path: &Path) -> bool {
-        self.count(false, path) == Some(FaultKind::ShortRead)
+    /// What happens to the next message read from `path`: `Some` of
+    /// [`FaultKind::ShortRead`] or [`FaultKind::ReadError`] when a rule fires.
+    pub(crate) fn read_fault(&self, path: &Path) -> Option<FaultKind> {
+        self.count(false, path)
     }
 }
 
@@ -300,6 +321,18 @@ impl Write for FillsUp<'_> {
     }
 }
 
+/// The error of a read of an unreadable sector.
+pub(crate) fn read_error() -> io::Error {
+    #[cfg(unix)]
+    {
+        io::Error::from_raw_os_error(EIO)
+    }
+    #[cfg(not(unix))]
+    {
+        io::Error::other("input/output error")
+    }
+}
+
 /// The error of a write to a full disk.
 fn no_space() -> io::Error {
     #[cfg(unix)]
@@ -350,10 +383,10 @@ mod tests {
             .corrupt_write("probe-d1", 1);
         let build = Path::new("/x/000001-build-d1.arrows");
         let probe = Path::new("/x/000002-probe-d1.arrows");
-        assert!(!plan.read_cut_short(build));
+        assert_eq!(plan.read_fault(build), None);
         assert_eq!(plan.seen(), vec![0, 0]);
-        assert!(plan.read_cut_short(probe));
-        assert!(!plan.read_cut_short(probe), "a rule fires once");
+        assert_eq!(plan.read_fault(probe), Some(FaultKind::ShortRead));
+        assert_eq!(plan.read_fault(probe), None, "a rule fires once");
         assert_eq!((plan.seen(), plan.fired()), (vec![2, 0], 1));
         let marker = Buffer::from_vec(vec![0xffu8, 0xff, 0xff, 0xff, 0, 0, 0, 0]);
         let mut file = Vec::new();

@@ -236,12 +236,19 @@ impl SpillReader {
         self
     }
 
-    /// The next message of the file (cut short if the fault plan says so, tests).
+    /// The next message of the file (cut short, or failed, if the fault plan says so:
+    /// tests).
     fn next_message(&mut self) -> Result<Option<RawMessage>, FrameError> {
         #[cfg(feature = "fault-injection")]
         if let Some(faults) = &self.faults {
-            if faults.read_cut_short(&self.path) {
-                return self.source.next_message_cut_short();
+            match faults.read_fault(&self.path) {
+                Some(crate::FaultKind::ShortRead) => {
+                    return self.source.next_message_cut_short();
+                }
+                Some(crate::FaultKind::ReadError) => {
+                    return Err(FrameError::Io(crate::fault::read_error()));
+                }
+                _ => {}
             }
         }
         self.source.next_message()

@@ -271,28 +271,69 @@ impl StaleRemoved {
 /// Prints a warning for each stale item that could not be removed, and for a
 /// spill root (`root`) that could not be searched.
 pub fn warn_failures(spill: &StaleDirCleanup, root: Option<&Path>, outputs: &Cleanup) {
-    for failure in &spill.failures {
-        if Some(failure.path.as_path()) == root {
-            eprintln!(
-                "spilljoin: warning: cannot look for stale spill directories in {}: {}",
-                failure.path.display(),
-                failure.error
-            );
+    let spill: Vec<(&Path, String)> = spill
+        .failures
+        .iter()
+        .map(|f| (f.path.as_path(), f.error.to_string()))
+        .collect();
+    eprint!("{}", failure_warnings(&spill, root, outputs));
+}
+
+/// The warnings of [`warn_failures`], a line each: for each spill directory (or the
+/// root searched) that failed, its path and the error.
+fn failure_warnings(spill: &[(&Path, String)], root: Option<&Path>, outputs: &Cleanup) -> String {
+    let mut lines = String::new();
+    for (path, error) in spill {
+        let line = if Some(*path) == root {
+            format!(
+                "cannot look for stale spill directories in {}",
+                path.display()
+            )
         } else {
-            eprintln!("spilljoin: warning: cannot remove stale spill directory {failure}");
-        }
+            format!("cannot remove stale spill directory {}", path.display())
+        };
+        lines += &format!("spilljoin: warning: {line}: {error}\n");
     }
     for (path, error) in &outputs.failures {
-        eprintln!(
-            "spilljoin: warning: cannot remove orphaned temporary output {}: {error}",
+        lines += &format!(
+            "spilljoin: warning: cannot remove orphaned temporary output {}: {error}\n",
             path.display()
         );
     }
+    lines
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn removals_that_fail_are_warnings_a_line_each() {
+        let spill = [
+            (Path::new("/spill"), "denied".to_string()),
+            (Path::new("/spill/spilljoin-Ab12Cd"), "denied".to_string()),
+        ];
+        let outputs = Cleanup {
+            removed: Vec::new(),
+            failures: vec![(
+                PathBuf::from("/out/.a.csv.spilljoin-Xy12Zw.tmp"),
+                io::Error::from(io::ErrorKind::PermissionDenied),
+            )],
+        };
+        let text = failure_warnings(&spill, Some(Path::new("/spill")), &outputs);
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines.len(), 3, "{text}");
+        assert!(lines[0].starts_with(
+            "spilljoin: warning: cannot look for stale spill directories in /spill: denied"
+        ));
+        assert!(lines[1].starts_with(
+            "spilljoin: warning: cannot remove stale spill directory /spill/spilljoin-Ab12Cd: denied"
+        ));
+        assert!(lines[2].starts_with(
+            "spilljoin: warning: cannot remove orphaned temporary output /out/.a.csv.spilljoin-Xy12Zw.tmp: "
+        ));
+        assert!(failure_warnings(&[], None, &Cleanup::default()).is_empty());
+    }
 
     #[test]
     fn only_our_pattern_is_an_output_name() {

@@ -421,6 +421,12 @@ fn same_file(a: &fs::Metadata, b: &fs::Metadata) -> bool {
 /// lock file last, so that a removal failing partway leaves a directory that is
 /// still ours (and, once unlocked, stale).
 fn remove_owned_dir(dir: &Path) -> io::Result<()> {
+    #[cfg(test)]
+    if tests::REFUSED.with(|refused| refused.borrow().as_deref() == Some(dir)) {
+        // A removal the operating system refuses (which running as root, as the
+        // tests may, cannot be arranged with permissions).
+        return Err(io::Error::from(io::ErrorKind::PermissionDenied));
+    }
     for entry in fs::read_dir(dir)? {
         let entry = entry?;
         if entry.file_name() == OWNER_FILE_NAME {
@@ -524,6 +530,36 @@ mod tests {
         );
         // The new manager's own directory is there, with its lock file.
         assert!(m.dir().join(OWNER_FILE_NAME).is_file());
+    }
+
+    thread_local! {
+        /// A directory whose removal `remove_owned_dir` fails on this thread.
+        pub(super) static REFUSED: std::cell::RefCell<Option<PathBuf>> =
+            const { std::cell::RefCell::new(None) };
+    }
+
+    #[test]
+    fn a_stale_directory_that_cannot_be_removed_is_reported_not_an_error() {
+        let root = tempfile::tempdir().unwrap();
+        let stale = root.path().join("spilljoin-Ef34Gh");
+        let bytes = left_by_a_killed_join(&stale, 1_000);
+        REFUSED.with(|refused| *refused.borrow_mut() = Some(stale.clone()));
+        let m = manager_in(root.path());
+        REFUSED.with(|refused| *refused.borrow_mut() = None);
+        let report = m.stale_dirs_removed();
+        assert_eq!(report.dirs_removed(), 0);
+        assert_eq!(report.failures.len(), 1, "{:?}", report.failures);
+        assert_eq!(report.failures[0].path, stale);
+        assert_eq!(
+            report.failures[0].error.kind(),
+            io::ErrorKind::PermissionDenied
+        );
+        assert!(stale.join(OWNER_FILE_NAME).is_file(), "left as it was");
+        // Its lock was let go: the next manager removes it.
+        let next = manager_in(root.path());
+        let report = next.stale_dirs_removed();
+        assert_eq!((report.dirs_removed(), report.bytes_removed()), (1, bytes));
+        assert!(!stale.exists());
     }
 
     #[test]

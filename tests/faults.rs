@@ -1,5 +1,6 @@
 //! Faults at every phase of a spilling join: a full disk (`ENOSPC`), a spill file cut
-//! short, a read that fails (`EIO`) and a garbled message, injected by the spill crate's fault hook
+//! short, a read that fails (`EIO`), a garbled message header and a changed byte of
+//! data (found by its write's checksum), injected by the spill crate's fault hook
 //! (`spilljoin_spill::FaultPlan`, feature `fault-injection`, which this crate's
 //! dev-dependency turns on) into the build's spill, the probe's, the reading back of
 //! spilled pairs, the writes of a level below, the hot-key split and the chunked
@@ -184,7 +185,9 @@ impl Expected {
     fn of(kind: FaultKind) -> Self {
         match kind {
             FaultKind::NoSpace => Expected::NoSpace,
-            FaultKind::CorruptMessage | FaultKind::ShortRead => Expected::Corrupt,
+            FaultKind::CorruptMessage | FaultKind::ShortRead | FaultKind::FlippedByte => {
+                Expected::Corrupt
+            }
             FaultKind::ReadError => Expected::ReadError,
         }
     }
@@ -407,6 +410,7 @@ fn faults_in_the_build_spill() {
         case(SPILLED, FaultKind::NoSpace, "build-d0", 1),
         case(SPILLED, FaultKind::NoSpace, "build-d0", 6),
         case(SPILLED, FaultKind::CorruptMessage, "build-d0", 1),
+        case(SPILLED, FaultKind::FlippedByte, "build-d0", 2),
     ]);
 }
 
@@ -417,6 +421,8 @@ fn faults_in_the_probe_spill() {
         case(SPILLED, FaultKind::NoSpace, "probe-d0", 1),
         case(SPILLED, FaultKind::NoSpace, "probe-d0", 4),
         case(SPILLED, FaultKind::CorruptMessage, "probe-d0", 2),
+        case(SPILLED, FaultKind::FlippedByte, "probe-d0", 1),
+        case(MMAP, FaultKind::FlippedByte, "probe-d0", 3),
     ]);
 }
 
@@ -462,6 +468,7 @@ fn faults_at_level_1() {
         case(LEVEL_1, FaultKind::NoSpace, "build-d1", 1),
         case(LEVEL_1, FaultKind::NoSpace, "probe-d1", 2),
         case(LEVEL_1, FaultKind::CorruptMessage, "build-d1", 1),
+        case(LEVEL_1, FaultKind::FlippedByte, "probe-d1", 1),
         case(LEVEL_1, FaultKind::ShortRead, "probe-d1", 1),
         case(LEVEL_1, FaultKind::ReadError, "build-d1", 1),
     ]);
@@ -490,6 +497,7 @@ fn faults_in_the_chunked_fallback() {
         case(CHUNKED, FaultKind::ShortRead, "build-d0", 1),
         case(CHUNKED, FaultKind::ShortRead, "probe-d0", 2),
         case(CHUNKED, FaultKind::CorruptMessage, "probe-d0", 1),
+        case(CHUNKED, FaultKind::FlippedByte, "build-d0", 1),
         case(CHUNKS, FaultKind::ShortRead, "-d0", 150),
         case(CHUNKS, FaultKind::ReadError, "-d0", 140),
     ]);

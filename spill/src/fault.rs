@@ -12,6 +12,8 @@
 //!                                               then ENOSPC
 //!                                            ─► CorruptMessage: written with a
 //!                                               garbled header
+//!                                            ─► FlippedByte: one byte of its
+//!                                               last quarter changed
 //!  SpillReader::next ─► one message ─► rules on reads of files whose name holds
 //!                                      the rule's label:
 //!                                   the nth  ─► ShortRead: half its body read,
@@ -76,15 +78,19 @@ pub enum FaultKind {
     NoSpace,
     /// A message is written with its header garbled (its metadata length made
     /// larger than any file), so that the reader of the file refuses it with
-    /// [`crate::SpillError::Corrupt`] when it gets there. (Spill files carry no
-    /// checksums: a flipped byte of data would be read back as another value, so
-    /// the hook garbles what the reader checks.) Counts writes.
+    /// [`crate::SpillError::Corrupt`] when it gets there (by its framing, before
+    /// any checksum). Counts writes.
     CorruptMessage,
     /// A read of a message ends halfway through its body, as though the file ended
     /// there: the reader returns [`crate::SpillError::Corrupt`]. Counts the messages
     /// read after the schema message that opens a reader's file (the end-of-stream
     /// marker included), by every reader of the manager's files.
     ShortRead,
+    /// A message is written with one byte of its last quarter (its body, for a
+    /// batch) changed, as a disk or a page cache that garbles data would: its
+    /// lengths still frame, and the reader refuses it with
+    /// [`crate::SpillError::Corrupt`] by its checksum (`checksum`). Counts writes.
+    FlippedByte,
     /// A read of a message fails with `EIO` (an `io::Error` with raw OS error 5 on
     /// Unix), as on a disk whose sector cannot be read: the reader returns
     /// [`crate::SpillError::Io`]. Counts reads as [`FaultKind::ShortRead`] does.
@@ -94,7 +100,10 @@ pub enum FaultKind {
 impl FaultKind {
     /// Whether rules of this kind count writes (else reads).
     fn on_write(self) -> bool {
-        matches!(self, FaultKind::NoSpace | FaultKind::CorruptMessage)
+        matches!(
+            self,
+            FaultKind::NoSpace | FaultKind::CorruptMessage | FaultKind::FlippedByte
+        )
     }
 }
 
@@ -174,6 +183,16 @@ impl FaultPlan {
     /// If `nth` is 0.
     pub fn corrupt_write(self, label: &str, nth: u64) -> Self {
         self.with_rule(FaultKind::CorruptMessage, label, nth)
+    }
+
+    /// Changes a byte of the `nth` write (1: the first) to a file whose name contains
+    /// `label` ([`FaultKind::FlippedByte`]).
+    ///
+    /// # Panics
+    ///
+    /// If `nth` is 0.
+    pub fn flip_byte(self, label: &str, nth: u64) -> Self {
+        self.with_rule(FaultKind::FlippedByte, label, nth)
     }
 
     /// Cuts short the `nth` read of a message (1: the first after each reader's
@@ -261,6 +280,7 @@ impl FaultPlan {
                 write_all(&mut full, buffers)
             }
             Some(FaultKind::CorruptMessage) => file.write_all(&garbled(buffers)),
+            Some(FaultKind::FlippedByte) => file.write_all(&flipped(buffers)),
         }
     }
 
@@ -281,6 +301,14 @@ fn garbled(buffers: &[Buffer]) -> Vec<u8> {
         "every message the writer encodes opens with the continuation marker"
     );
     bytes[4..8].copy_from_slice(&i32::MAX.to_le_bytes());
+    bytes
+}
+
+/// The bytes of a write with one byte of its last quarter changed.
+fn flipped(buffers: &[Buffer]) -> Vec<u8> {
+    let mut bytes: Vec<u8> = buffers.iter().flat_map(|b| b.as_slice()).copied().collect();
+    let at = bytes.len() - bytes.len() / 4 - 1;
+    bytes[at] ^= 0x5a;
     bytes
 }
 

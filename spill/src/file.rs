@@ -8,6 +8,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use arrow_schema::SchemaRef;
 
+use crate::checksum::Written;
 use crate::error::SpillError;
 use crate::manager::ManagerInner;
 use crate::quota::QuotaDenied;
@@ -156,6 +157,8 @@ struct FileInner {
     schema: SchemaRef,
     rows: u64,
     batches: u64,
+    /// Each write of the file, hashed (`checksum`): what its readers check.
+    written: Arc<[Written]>,
 }
 
 /// Where a spill file's bytes are.
@@ -198,15 +201,26 @@ impl std::fmt::Debug for SpillFile {
 }
 
 impl SpillFile {
-    pub(crate) fn new(storage: Storage, schema: SchemaRef, rows: u64, batches: u64) -> Self {
+    pub(crate) fn new(
+        storage: Storage,
+        schema: SchemaRef,
+        (rows, batches): (u64, u64),
+        written: Arc<[Written]>,
+    ) -> Self {
         Self {
             inner: Arc::new(FileInner {
                 storage,
                 schema,
                 rows,
                 batches,
+                written,
             }),
         }
+    }
+
+    /// Each write of the file, hashed.
+    pub(crate) fn written(&self) -> Arc<[Written]> {
+        Arc::clone(&self.inner.written)
     }
 
     /// Where the file is: for a spill file of a [`crate::SpillGroup`], the shared

@@ -48,8 +48,11 @@
 //! checked against the bytes that exist before anything is allocated, and a
 //! file must end with the end-of-stream marker and nothing after it, so a
 //! truncated file is an error ([`SpillError::Corrupt`]) instead of fewer
-//! batches. See [`SpillReader`] for the defences against garbled files, and
-//! [`SpillReadMode`] for the two ways of getting the bytes.
+//! batches. A [`SpillFile`] keeps a checksum (xxh3) of each of its writes, and its
+//! readers check every byte they take against them before decoding: a byte
+//! changed on disk is [`SpillError::Corrupt`] too, not another value. See
+//! [`SpillReader`] for the defences against garbled files, and [`SpillReadMode`]
+//! for the two ways of getting the bytes.
 //!
 //! # Deletion
 //!
@@ -142,6 +145,7 @@
 
 #![warn(missing_docs)]
 
+mod checksum;
 mod config;
 mod error;
 #[cfg(feature = "fault-injection")]

@@ -31,6 +31,7 @@ use std::sync::Arc;
 use arrow_buffer::Buffer;
 use arrow_ipc::convert::MessageBuffer;
 
+use crate::checksum::{Verifier, Written};
 use crate::config::SpillReadMode;
 use crate::file::Extent;
 
@@ -72,6 +73,8 @@ pub(crate) struct Buffered {
     /// [`Mapped`].
     ends: Vec<u64>,
     index: usize,
+    /// Checks every byte taken against the file's writes, when they are known.
+    verifier: Option<Verifier>,
 }
 
 impl Buffered {
@@ -103,6 +106,8 @@ pub(crate) struct Mapped {
     end: usize,
     /// Bytes not yet read in this extent and the ones after it.
     remaining: u64,
+    /// As in [`Buffered`].
+    verifier: Option<Verifier>,
 }
 
 /// Reads the extents of a file one after the other, with positioned reads.
@@ -158,7 +163,9 @@ impl MessageSource {
         path: &Path,
         extents: Option<Arc<[Extent]>>,
         mode: SpillReadMode,
+        written: Option<Arc<[Written]>>,
     ) -> Result<Self, FrameError> {
+        let verifier = written.map(Verifier::new);
         let file = File::open(path).map_err(FrameError::Io)?;
         let whole = extents.is_none();
         // In mmap mode the mapping's length is the file's: every range read below
@@ -197,6 +204,7 @@ impl MessageSource {
                     })
                     .collect(),
                 index: 0,
+                verifier,
                 reader: BufReader::with_capacity(
                     READ_BUFFER_BYTES,
                     ExtentReader {
@@ -209,7 +217,7 @@ impl MessageSource {
                 remaining: total,
             })),
             SpillReadMode::Mmap => Ok(Self::Mapped(
-                Mapped::new(map, extents, total).map_err(FrameError::Io)?,
+                Mapped::new(map, extents, total, verifier).map_err(FrameError::Io)?,
             )),
         }
     }
@@ -293,6 +301,7 @@ impl MessageSource {
                 b.within_extent(4)?;
                 b.reader.read_exact(&mut word).map_err(eof_is_corrupt)?;
                 b.remaining -= 4;
+                check(&mut b.verifier, &word)?;
             }
             Self::Mapped(m) => {
                 word.copy_from_slice(m.next_bytes(4)?);
@@ -324,10 +333,21 @@ impl MessageSource {
                     return Err(shrank(what, len - bytes.len()));
                 }
                 b.remaining -= len as u64;
+                check(&mut b.verifier, &bytes)?;
                 Ok(Buffer::from_vec(bytes))
             }
             Self::Mapped(m) => m.buffer(len),
         }
+    }
+
+    /// Whether the bytes read so far end inside one of the file's writes (whose
+    /// checksum is then not checked yet). Always false when the writes are not known.
+    pub(crate) fn inside_write(&self) -> bool {
+        let verifier = match self {
+            Self::Buffered(b) => &b.verifier,
+            Self::Mapped(m) => &m.verifier,
+        };
+        verifier.as_ref().is_some_and(Verifier::inside_write)
     }
 
     fn remaining(&self) -> u64 {
@@ -340,7 +360,12 @@ impl MessageSource {
 
 impl Mapped {
     /// Reads `extents` (of `total` bytes, all inside `map`) of a mapping.
-    fn new(map: Option<memmap2::Mmap>, extents: Arc<[Extent]>, total: u64) -> io::Result<Self> {
+    fn new(
+        map: Option<memmap2::Mmap>,
+        extents: Arc<[Extent]>,
+        total: u64,
+        verifier: Option<Verifier>,
+    ) -> io::Result<Self> {
         let first = extents
             .first()
             .copied()
@@ -354,6 +379,7 @@ impl Mapped {
             position,
             end,
             remaining: total,
+            verifier,
         })
     }
 
@@ -385,7 +411,9 @@ impl Mapped {
         self.position += len;
         self.remaining -= len as u64;
         let map = self.map.as_deref().map_or(&[][..], |map| &map[..]);
-        Ok(&map[start..start + len])
+        let bytes = &map[start..start + len];
+        check(&mut self.verifier, bytes)?;
+        Ok(bytes)
     }
 
     /// A zero-copy buffer over the next `len` bytes, which the caller has
@@ -406,6 +434,15 @@ impl Mapped {
         // owns an `Arc` of the mapping, so the bytes stay mapped until the
         // last slice of the buffer is dropped. Nothing writes through it.
         Ok(unsafe { Buffer::from_custom_allocation(ptr, len, map) })
+    }
+}
+
+/// Hashes `bytes`, the next a reader took, with `verifier` (if the file's writes are
+/// known): a write that reads back otherwise than it was written is corruption.
+fn check(verifier: &mut Option<Verifier>, bytes: &[u8]) -> Result<(), FrameError> {
+    match verifier {
+        Some(v) => v.consumed(bytes).map_err(FrameError::Corrupt),
+        None => Ok(()),
     }
 }
 
@@ -481,13 +518,13 @@ mod tests {
         let len = file.bytes();
         for mode in [SpillReadMode::Buffered, SpillReadMode::Mmap] {
             let open = |extents: Vec<Extent>| {
-                MessageSource::open(file.path(), Some(extents.into()), mode)
+                MessageSource::open(file.path(), Some(extents.into()), mode, None)
                     .map_err(|_| "open failed".to_owned())
                     .and_then(count)
             };
             // Schema, two batches: the same as one extent, or cut at message ends.
             assert_eq!(open(vec![Extent { offset: 0, len }]), Ok(3), "{mode}");
-            let whole = MessageSource::open(file.path(), None, mode)
+            let whole = MessageSource::open(file.path(), None, mode, None)
                 .map_err(|_| "open failed".to_owned())
                 .and_then(count);
             assert_eq!(whole, Ok(3), "{mode}");

@@ -44,7 +44,7 @@
 //!    panic hook still prints the panic message to stderr. This does not help
 //!    a binary built with `panic = "abort"`.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -124,6 +124,9 @@ pub struct SpillReader {
     finished: bool,
     /// The current segment stores some column narrower than `schema` (`narrow`).
     narrowed: bool,
+    /// Messages read ahead to the end of their write, so that none is decoded before
+    /// its write's checksum is checked (`None`: the end-of-stream marker).
+    ahead: VecDeque<Option<RawMessage>>,
     /// Keeps our own file from being deleted while it is read.
     _file: Option<SpillFile>,
     /// Reads to cut short (tests).
@@ -193,8 +196,12 @@ impl SpillReader {
         mode: SpillReadMode,
         trust: Trust,
     ) -> Result<Self, SpillError> {
-        let mut source =
-            MessageSource::open(path, extents, mode).map_err(|e| frame_error(path, 0, e))?;
+        let written = match &trust {
+            Trust::WrittenByUs(file) => Some(file.written()),
+            Trust::Foreign => None,
+        };
+        let mut source = MessageSource::open(path, extents, mode, written)
+            .map_err(|e| frame_error(path, 0, e))?;
         let (file_schema, found) = read_schemas(&mut source, path)?;
         let narrowed = !std::sync::Arc::ptr_eq(&found, &file_schema);
         let schema = match expected_schema {
@@ -223,6 +230,7 @@ impl SpillReader {
             skip_validation: skip_validation(trusted),
             finished: false,
             narrowed,
+            ahead: VecDeque::new(),
             _file: file,
             #[cfg(feature = "fault-injection")]
             faults: None,
@@ -236,9 +244,28 @@ impl SpillReader {
         self
     }
 
-    /// The next message of the file (cut short, or failed, if the fault plan says so:
-    /// tests).
+    /// The next message of the file, its write read to the end first: a write (one
+    /// or more whole messages) is checked against its checksum once its last byte is
+    /// read (`checksum`), and no message of it is decoded before that.
     fn next_message(&mut self) -> Result<Option<RawMessage>, FrameError> {
+        if let Some(message) = self.ahead.pop_front() {
+            return Ok(message);
+        }
+        let next = self.read_message()?;
+        while next.is_some() && self.source.inside_write() {
+            let more = self.read_message()?;
+            let end = more.is_none();
+            self.ahead.push_back(more);
+            if end {
+                break;
+            }
+        }
+        Ok(next)
+    }
+
+    /// The next message as framed (cut short, or failed, if the fault plan says so:
+    /// tests).
+    fn read_message(&mut self) -> Result<Option<RawMessage>, FrameError> {
         #[cfg(feature = "fault-injection")]
         if let Some(faults) = &self.faults {
             match faults.read_fault(&self.path) {
@@ -415,8 +442,10 @@ fn skip_validation(trusted: bool) -> UnsafeFlag {
         // past a finished stream's extents); decoding those bytes yields the
         // same valid arrays. DataFusion skips validation of its own spill
         // files on the same argument. Truncation and buffer bounds are
-        // still checked; only a file altered behind our back by someone
-        // with our uid could produce invalid arrays.
+        // still checked, and every byte of a trusted file is checked against
+        // the checksum of its write before any message of that write is
+        // decoded (`checksum`, `next_message`): a file altered behind our
+        // back, or garbled by the disk, is an error, not invalid arrays.
         unsafe { skip_validation.set(true) };
     }
     skip_validation

@@ -38,6 +38,7 @@ use arrow_buffer::Buffer;
 use arrow_ipc::writer::{IpcWriteOptions, StreamEncoder};
 use arrow_schema::{ArrowError, DataType, SchemaRef};
 
+use crate::checksum::Written;
 use crate::config::SpillCompression;
 use crate::error::SpillError;
 use crate::file::{Extent, FileGuard, SharedFile, SpillFile, Storage};
@@ -293,6 +294,8 @@ pub struct SpillWriter {
     rows: u64,
     batches: u64,
     failed: bool,
+    /// Each write so far, hashed (`checksum`).
+    written: Vec<Written>,
 }
 
 impl std::fmt::Debug for SpillWriter {
@@ -337,6 +340,7 @@ impl SpillWriter {
             rows: 0,
             batches: 0,
             failed: false,
+            written: Vec::new(),
         })
     }
 
@@ -529,7 +533,10 @@ impl SpillWriter {
             path: self.path.clone(),
             source,
         })?;
-        self.sink.write_message(&buffers)
+        let written = Written::of(&buffers);
+        self.sink.write_message(&buffers)?;
+        self.written.push(written);
+        Ok(())
     }
 
     /// Counts a batch of `rows` rows written, here and in the manager's metrics.
@@ -595,6 +602,7 @@ impl SpillWriter {
             path,
             rows,
             batches,
+            mut written,
             ..
         } = self;
         // A file without batches is its wide schema alone.
@@ -604,8 +612,15 @@ impl SpillWriter {
                 .and_then(StreamEncoder::finish),
         }
         .map_err(|source| SpillError::Arrow { path, source })?;
+        written.push(Written::of(&buffers));
         sink.write_message(&buffers)?;
-        Ok(SpillFile::new(sink.into_storage(), schema, rows, batches))
+        let storage = sink.into_storage();
+        Ok(SpillFile::new(
+            storage,
+            schema,
+            (rows, batches),
+            written.into(),
+        ))
     }
 
     fn check_usable(&self) -> Result<(), SpillError> {

@@ -148,6 +148,34 @@ fn a_garbled_message_is_found_where_it_is_read_in_both_modes() {
     }
 }
 
+/// A changed byte of data still frames: only the write's checksum finds it, in
+/// files of their own and in shared ones, in both read modes. The batches of the
+/// writes before it are read; none of the write that changed is decoded.
+#[test]
+fn a_changed_byte_is_found_by_its_writes_checksum() {
+    for mode in [SpillReadMode::Buffered, SpillReadMode::Mmap] {
+        let faults = FaultPlan::new().flip_byte("own", 2).flip_byte("shared", 3);
+        let m = manager(&faults, mode);
+        let own = written(m.create_writer(schema(), "own").unwrap(), 4);
+        let group = m.create_group("shared", 1);
+        let shared = written(group.create_writer(schema(), 0).unwrap(), 4);
+        assert_eq!(faults.fired(), 2);
+        for (file, before) in [(&own, 1), (&shared, 2)] {
+            let (read, err) = read_until_error(file);
+            assert_eq!(read, before, "{mode}");
+            match &err {
+                SpillError::Corrupt { source, .. } => assert!(
+                    source.to_string().contains("checksum mismatch"),
+                    "{mode}: {err}"
+                ),
+                other => panic!("{mode}: {other:?}"),
+            }
+        }
+        drop((own, shared, group));
+        assert_clean(&m);
+    }
+}
+
 #[test]
 fn a_read_cut_short_is_corrupt_in_files_of_their_own_and_shared_ones() {
     for mode in [SpillReadMode::Buffered, SpillReadMode::Mmap] {

@@ -28,9 +28,9 @@ use datafusion::common::{DataFusionError, JoinSide, JoinType as DfJoinType, Resu
 use datafusion::physical_expr::expressions::Column;
 use datafusion::physical_expr::PhysicalExprRef;
 use datafusion::physical_plan::joins::utils::JoinFilter as DfJoinFilter;
-use datafusion::physical_plan::joins::HashJoinExec;
+use datafusion::physical_plan::joins::{HashJoinExec, PartitionMode};
 use datafusion::physical_plan::statistics::{StatisticsArgs, StatisticsContext};
-use datafusion::physical_plan::ExecutionPlan;
+use datafusion::physical_plan::{ExecutionPlan, ExecutionPlanProperties};
 
 use spilljoin::{HashJoinBuilder, InputStatistics, JoinFilter, JoinType, NullEquality, Side};
 
@@ -109,7 +109,12 @@ impl Definition {
                 DfNullEquality::NullEqualsNull => NullEquality::NullEqualsNull,
             })
             .with_build_side(build);
-        let (first_rows, second_rows) = (rows_estimate(hash.left()), rows_estimate(hash.right()));
+        // Per execution: one partition of each input, or all of a collected left.
+        let collected = *hash.partition_mode() == PartitionMode::CollectLeft;
+        let (first_rows, second_rows) = (
+            rows_estimate(hash.left(), !collected),
+            rows_estimate(hash.right(), true),
+        );
         builder = match swapped {
             false => builder.with_statistics(first_rows, second_rows),
             true => builder.with_statistics(second_rows, first_rows),
@@ -145,17 +150,24 @@ impl Definition {
     }
 }
 
-/// The rows DataFusion expects of `input` (exact or estimated, all its partitions), as
-/// engine statistics: rows only, since DataFusion's byte sizes are not the Arrow bytes
-/// of the columns the join reads. The engine joins a small build in one partition
-/// (`spilljoin::SMALL_BUILD_ROWS`); an estimate too low costs speed, never the
-/// answer (a build that turns out large is split when it spills).
-fn rows_estimate(input: &Arc<dyn ExecutionPlan>) -> InputStatistics {
+/// The rows DataFusion expects of `input` (exact or estimated), as engine statistics
+/// of one execution: all of them, or a partition's share (`per_partition`). Rows only,
+/// since DataFusion's byte sizes are not the Arrow bytes of the columns the join
+/// reads. The engine joins a small build in one partition
+/// (`spilljoin::SMALL_BUILD_ROWS`) and sizes the bloom filters of spilled partitions
+/// by the rows: an estimate too low costs speed (a build that turns out large is
+/// split when it spills), one too high memory set aside for filters; neither changes
+/// the answer.
+fn rows_estimate(input: &Arc<dyn ExecutionPlan>, per_partition: bool) -> InputStatistics {
+    let partitions = match per_partition {
+        true => input.output_partitioning().partition_count().max(1),
+        false => 1,
+    };
     let rows = StatisticsContext::new()
         .compute(input.as_ref(), &StatisticsArgs::new())
         .ok()
         .and_then(|stats| stats.num_rows.get_value().copied())
-        .and_then(|rows| u64::try_from(rows).ok());
+        .and_then(|rows| u64::try_from(rows / partitions).ok());
     InputStatistics::new(None, rows)
 }
 

@@ -87,9 +87,11 @@ pub enum FaultKind {
     /// marker included), by every reader of the manager's files.
     ShortRead,
     /// A message is written with one byte of its last quarter (its body, for a
-    /// batch) changed, as a disk or a page cache that garbles data would: its
-    /// lengths still frame, and the reader refuses it with
-    /// [`crate::SpillError::Corrupt`] by its checksum (`checksum`). Counts writes.
+    /// batch) changed, as a disk or a page cache that garbles data would: a
+    /// batch's lengths still frame, and the reader refuses it with
+    /// [`crate::SpillError::Corrupt`] by its checksum (`checksum`). (In a small
+    /// write whose last quarter is framing, such as the end-of-stream marker, the
+    /// framing refuses it first, also as `Corrupt`.) Counts writes.
     FlippedByte,
     /// A read of a message fails with `EIO` (an `io::Error` with raw OS error 5 on
     /// Unix), as on a disk whose sector cannot be read: the reader returns
@@ -135,8 +137,9 @@ impl Rule {
 /// Faults to inject into the spill files of the managers created with it (feature
 /// `fault-injection`; see the [module docs](self)).
 ///
-/// Built with [`FaultPlan::no_space_on_write`], [`FaultPlan::corrupt_write`] and
-/// [`FaultPlan::short_read`]; cheap to clone, and every clone is the same plan, so
+/// Built with [`FaultPlan::no_space_on_write`], [`FaultPlan::corrupt_write`],
+/// [`FaultPlan::flip_byte`], [`FaultPlan::short_read`] and
+/// [`FaultPlan::read_error`] (or [`FaultPlan::with_rule`]); cheap to clone, and every clone is the same plan, so
 /// that a test keeps one to ask [`FaultPlan::fired`] after handing one to
 /// [`SpillConfig::with_faults`](crate::SpillConfig::with_faults). Two plans are
 /// equal when they are the same plan.

@@ -95,9 +95,14 @@ pub(crate) enum Trust {
 ///
 /// A reader from [`crate::SpillFile::reader`] does not validate the decoded
 /// arrays again, since this process wrote them (see the module docs for the
-/// measured cost). Framing, truncation and buffer bounds are still checked,
-/// but a file whose bytes were changed behind the manager's back could
-/// yield invalid arrays. Use [`read_spill_file`] for anything else.
+/// measured cost). Framing, truncation and buffer bounds are still checked, and
+/// every byte read is checked against the checksum of its write before any
+/// batch of that write is decoded (the opening schema message, which makes no
+/// arrays, is decoded first: a changed byte there is a schema mismatch or a
+/// framing error). In [`SpillReadMode::Mmap`] the arrays point into the mapped
+/// pages, which are read again later: a file changed behind the manager's back
+/// after the check could still yield invalid arrays. Use [`read_spill_file`]
+/// for anything else.
 ///
 /// # Memory
 ///
@@ -246,7 +251,9 @@ impl SpillReader {
 
     /// The next message of the file, its write read to the end first: a write (one
     /// or more whole messages) is checked against its checksum once its last byte is
-    /// read (`checksum`), and no message of it is decoded before that.
+    /// read (`checksum`), and no message of it is decoded before that (but for the
+    /// opening schema message, which `read_schemas` decodes first; it makes no
+    /// arrays).
     fn next_message(&mut self) -> Result<Option<RawMessage>, FrameError> {
         if let Some(message) = self.ahead.pop_front() {
             return Ok(message);
@@ -443,9 +450,12 @@ fn skip_validation(trusted: bool) -> UnsafeFlag {
         // same valid arrays. DataFusion skips validation of its own spill
         // files on the same argument. Truncation and buffer bounds are
         // still checked, and every byte of a trusted file is checked against
-        // the checksum of its write before any message of that write is
-        // decoded (`checksum`, `next_message`): a file altered behind our
-        // back, or garbled by the disk, is an error, not invalid arrays.
+        // the checksum of its write before any batch of that write is decoded
+        // (`checksum`, `next_message`): bytes garbled on disk or in the page
+        // cache before the read are an error, not invalid arrays. (Mapped
+        // arrays read their pages again later; only a file altered behind our
+        // back after the check, by someone with our uid, could then produce
+        // invalid arrays.)
         unsafe { skip_validation.set(true) };
     }
     skip_validation

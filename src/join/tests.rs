@@ -49,9 +49,8 @@ fn a_small_build_known_by_its_rows_alone_is_one_partition() -> Result<(), JoinEr
             builder =
                 builder.with_memory_pool(Arc::new(spilljoin_memory::GreedyMemoryPool::new(limit)));
         }
-        if forced {
-            builder = builder.with_force_spill(0.5);
-        }
+        // (Not forced: also when the environment forces spilling.)
+        builder = builder.with_force_spill(if forced { 0.5 } else { 0.0 });
         builder.build().map(|j| j.partition_bits())
     };
     // 10,000 rows are taken at 72 bytes: 720,000, which fits 8 MiB eight times over.

@@ -23,6 +23,72 @@ use crate::error::{JoinError, Result};
 /// group's dictionary, finds its rows' values again instead of copying them anew.
 const DICTIONARY_SOURCES: usize = 4;
 
+/// A source dictionary of more values than this is mapped sparsely ([`Mapping`]):
+/// its dense mapping would take over 64 KiB in every buffer that sees it.
+const DENSE_MAPPING_MAX_VALUES: usize = 16 << 10;
+
+/// Bytes a sparse mapping is counted at per slot of its table (a `u32` key and
+/// value and a control byte, rounded up).
+const SPARSE_SLOT_BYTES: usize = 16;
+
+/// The key here of each value of one source dictionary gathered so far.
+#[derive(Debug)]
+enum Mapping {
+    /// A slot per source value (`u32::MAX`: not gathered yet).
+    Dense(Vec<u32>),
+    /// Only the values gathered, for a large source dictionary: a probe batch cut
+    /// into hundreds of partitions appends a few of its rows to each buffer, and a
+    /// dense mapping in each would take the dictionary's length four times over.
+    Sparse(HashMap<u32, u32>),
+}
+
+impl Mapping {
+    /// An empty mapping of a source of `len` values.
+    fn for_len(len: usize) -> Self {
+        if len > DENSE_MAPPING_MAX_VALUES {
+            Mapping::Sparse(HashMap::new())
+        } else {
+            Mapping::Dense(vec![u32::MAX; len])
+        }
+    }
+
+    /// The bytes a mapping of a source of `len` values takes once it maps `more`
+    /// values more than it does (`self` when it is held, else a new one).
+    fn bytes_after(held: Option<&Self>, len: usize, more: usize) -> usize {
+        let sparse = |n: usize| (n * 8 / 7 + 1).next_power_of_two() * SPARSE_SLOT_BYTES;
+        match held {
+            Some(Mapping::Dense(map)) => map.capacity() * 4,
+            Some(Mapping::Sparse(map)) => sparse(map.capacity().max(map.len() + more)),
+            None if len > DENSE_MAPPING_MAX_VALUES => sparse(more),
+            None => len * 4,
+        }
+    }
+
+    /// The key here of source value `k` (of a source of `len` values), `u32::MAX` if
+    /// not gathered yet; `None` past the source's values.
+    fn get(&self, k: u64, len: usize) -> Option<u32> {
+        let k = usize::try_from(k).ok().filter(|&k| k < len)?;
+        match self {
+            Mapping::Dense(map) => map.get(k).copied(),
+            Mapping::Sparse(map) => Some(map.get(&(k as u32)).copied().unwrap_or(u32::MAX)),
+        }
+    }
+
+    /// Maps source value `k` (checked by [`get`](Self::get)) to key `key` here.
+    fn set(&mut self, k: u64, key: u32) {
+        match self {
+            Mapping::Dense(map) => {
+                if let Some(slot) = map.get_mut(k as usize) {
+                    *slot = key;
+                }
+            }
+            Mapping::Sparse(map) => {
+                map.insert(k as u32, key);
+            }
+        }
+    }
+}
+
 /// The key bytes of a dictionary array's `len` rows, `width` bytes each.
 fn key_bytes(data: &ArrayData, width: usize) -> &[u8] {
     let bytes = data
@@ -88,16 +154,22 @@ pub(super) fn growth(data: &ArrayData, key: &DataType, rows: &[u32]) -> ColumnGr
         .filter(|&k| k < values.len() as u64)
         .map(|k| k as u32)
         .collect();
-    // At most every row a new value, and never more than the whole
-    // dictionary.
-    let all: Vec<u32> = (0..values.len() as u32).collect();
+    // At most every row a new value, and never more than the whole dictionary:
+    // measured only when the dictionary has no more values than there are rows, so
+    // that an append costs its rows, not its dictionary (a probe batch cut into
+    // hundreds of partitions appends a few rows of a large dictionary to each).
     let rows_data = ColumnGrowth::of(values, &value_rows).data;
-    let all_data = ColumnGrowth::of(values, &all).data;
+    let value_data = if values.len() <= rows.len() {
+        let all: Vec<u32> = (0..values.len() as u32).collect();
+        rows_data.min(ColumnGrowth::of(values, &all).data)
+    } else {
+        rows_data
+    };
     ColumnGrowth {
         data: 0,
         inline: 0,
         values: rows.len().min(values.len()),
-        value_data: rows_data.min(all_data),
+        value_data,
         source: Some(values.clone()),
     }
 }
@@ -115,7 +187,7 @@ pub(crate) struct Dict {
     /// Source dictionaries seen lately, each with the key its values have here
     /// (`u32::MAX`: not gathered yet). Held, so that one is never mistaken for a
     /// later array at the same address.
-    sources: Vec<(ArrayData, Vec<u32>)>,
+    sources: Vec<(ArrayData, Mapping)>,
     /// For keys of at most 16 bits, the values gathered by their bytes: values that
     /// several source dictionaries share take one key, so that what fits the key
     /// type in one dictionary fits it here too.
@@ -188,24 +260,31 @@ impl Dict {
             data: growth.value_data,
             ..ColumnGrowth::default()
         };
-        // A source not held yet gets a mapping (an evicted one is freed
-        // once the new one exists).
-        let new_source = growth
-            .source
-            .as_ref()
-            .filter(|s| !self.sources.iter().any(|(held, _)| held.ptr_eq(s)))
-            .map_or(0, |s| s.len() * 4);
+        // A source not held yet gets a mapping (an evicted one is freed once the
+        // new one exists); a sparse one grows by the values it may map.
+        let source = growth.source.as_ref();
+        let is_source = |values: &ArrayData| source.is_some_and(|s| values.ptr_eq(s));
+        let held: usize = self
+            .sources
+            .iter()
+            .map(|(values, map)| {
+                let more = if is_source(values) { growth.values } else { 0 };
+                Mapping::bytes_after(Some(map), values.len(), more)
+            })
+            .sum();
+        let new_source = match source {
+            Some(s) if !self.sources.iter().any(|(v, _)| v.ptr_eq(s)) => {
+                Mapping::bytes_after(None, s.len(), growth.values)
+            }
+            _ => 0,
+        };
         self.keys.resident_after(
             more * self.key_width,
             expected.saturating_mul(self.key_width),
         ) + self
             .values
             .capacity_after(self.values_len, growth.values, &value_growth, 0)
-            + self
-                .sources
-                .iter()
-                .map(|(_, map)| map.capacity() * 4)
-                .sum::<usize>()
+            + held
             + new_source
     }
 
@@ -220,7 +299,7 @@ impl Dict {
                     self.sources.pop();
                 }
                 self.sources
-                    .insert(0, (values.clone(), vec![u32::MAX; values.len()]));
+                    .insert(0, (values.clone(), Mapping::for_len(values.len())));
                 0
             }
         }
@@ -274,20 +353,17 @@ impl Dict {
                 continue;
             }
             let k = key_at(keys, width, signed, r);
-            let slot = usize::try_from(k)
-                .ok()
-                .and_then(|k| mapping.get_mut(k))
-                .ok_or_else(|| {
-                    JoinError::InvalidJoin(format!("dictionary key {k} past its values"))
-                })?;
-            if *slot == u32::MAX {
+            let mut slot = mapping.get(k, values.len()).ok_or_else(|| {
+                JoinError::InvalidJoin(format!("dictionary key {k} past its values"))
+            })?;
+            if slot == u32::MAX {
                 let bytes = self
                     .interned
                     .as_ref()
                     .and_then(|_| value_bytes(values, k as usize));
                 let known = bytes.and_then(|b| self.interned.as_ref()?.get(b).copied());
                 if let Some(key) = known {
-                    *slot = key;
+                    slot = key;
                 } else {
                     if u64::from(next) > key_max {
                         return Err(JoinError::InvalidJoin(format!(
@@ -299,12 +375,13 @@ impl Dict {
                     if let (Some(b), Some(interned)) = (bytes, self.interned.as_mut()) {
                         interned.insert(b.into(), next);
                     }
-                    *slot = next;
+                    slot = next;
                     new_rows.push(k as u32);
                     next += 1;
                 }
+                mapping.set(k, slot);
             }
-            new_keys.push(u64::from(*slot));
+            new_keys.push(u64::from(slot));
         }
         Ok((new_keys, new_rows, next as usize))
     }

@@ -519,6 +519,44 @@ fn small_dictionary_keys_admit_rows_while_their_values_fit() -> TestResult {
     Ok(())
 }
 
+#[test]
+fn a_large_source_dictionary_is_mapped_by_the_values_gathered() -> TestResult {
+    use arrow_array::types::Int32Type;
+    use arrow_array::DictionaryArray;
+    // 100,000 distinct values, a few rows of them gathered at a time (as a probe batch
+    // cut into hundreds of partitions is): the buffer counts a mapping of the values it
+    // gathers, not of the whole dictionary (400 KB), and gathers the same as `take`.
+    let names: Vec<String> = (0..100_000).map(|i| format!("value {i}")).collect();
+    let source: DictionaryArray<Int32Type> = names.iter().map(|s| Some(s.as_str())).collect();
+    let schema: SchemaRef = Arc::new(Schema::new(vec![Field::new(
+        "d",
+        source.data_type().clone(),
+        true,
+    )]));
+    let mut rows = GatherBuffer::new(Arc::clone(&schema))?;
+    let picks: [&[u32]; 3] = [&[5, 99_999, 70_000], &[5, 12], &[42_000]];
+    for pick in picks {
+        let growth = Growth::of(&[source.to_data()], pick);
+        assert!(
+            rows.capacity_after(&growth) < 16 << 10,
+            "{}",
+            rows.capacity_after(&growth)
+        );
+        rows.append(&[source.to_data()], pick, None)?;
+    }
+    let got = rows.finish()?;
+    let all: Vec<u32> = picks.concat();
+    let expected = take(&source, &arrow_array::UInt32Array::from(all), None)?;
+    let cast = |a: &dyn Array| arrow_cast::cast(a, &DataType::Utf8);
+    assert_eq!(
+        cast(got.column(0))?.as_ref(),
+        cast(expected.as_ref())?.as_ref()
+    );
+    let d = arrow_array::cast::AsArray::as_dictionary::<Int32Type>(got.column(0));
+    assert_eq!(d.values().len(), 5, "each value once");
+    Ok(())
+}
+
 /// Bytes of memory a batch holds: every buffer its arrays reference, whole, each
 /// counted once however many arrays share it.
 fn held_bytes(batch: &RecordBatch) -> usize {

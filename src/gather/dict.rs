@@ -27,9 +27,21 @@ const DICTIONARY_SOURCES: usize = 4;
 /// its dense mapping would take over 64 KiB in every buffer that sees it.
 const DENSE_MAPPING_MAX_VALUES: usize = 16 << 10;
 
-/// Bytes a sparse mapping is counted at per slot of its table (a `u32` key and
-/// value and a control byte, rounded up).
-const SPARSE_SLOT_BYTES: usize = 16;
+/// Bytes a sparse mapping is counted at per bucket of its table (a `u32` key and
+/// value and a control byte, with the table's trailing control bytes, rounded up:
+/// at least 4 buckets, so at least 52 bytes for 64 counted).
+const SPARSE_BUCKET_BYTES: usize = 16;
+
+/// The buckets of a hash table that holds `n` entries (std's `HashMap`: none for
+/// none, at least 4, a power of two at most 7/8 full from 8 on).
+fn buckets_for(n: usize) -> usize {
+    match n {
+        0 => 0,
+        1..=3 => 4,
+        4..=7 => 8,
+        _ => (n * 8 / 7).next_power_of_two(),
+    }
+}
 
 /// The key here of each value of one source dictionary gathered so far.
 #[derive(Debug)]
@@ -55,11 +67,22 @@ impl Mapping {
     /// The bytes a mapping of a source of `len` values takes once it maps `more`
     /// values more than it does (`self` when it is held, else a new one).
     fn bytes_after(held: Option<&Self>, len: usize, more: usize) -> usize {
-        let sparse = |n: usize| (n * 8 / 7 + 1).next_power_of_two() * SPARSE_SLOT_BYTES;
         match held {
             Some(Mapping::Dense(map)) => map.capacity() * 4,
-            Some(Mapping::Sparse(map)) => sparse(map.capacity().max(map.len() + more)),
-            None if len > DENSE_MAPPING_MAX_VALUES => sparse(more),
+            Some(Mapping::Sparse(map)) => {
+                // (A table's capacity is one less than its buckets below 8, and 7/8
+                // of them from 8 on.)
+                let now = buckets_for(map.capacity());
+                let need = map.len() + more;
+                // While it grows, the old table and the new one are both held.
+                let grown = if need > map.capacity() {
+                    buckets_for(need)
+                } else {
+                    0
+                };
+                (now + grown) * SPARSE_BUCKET_BYTES
+            }
+            None if len > DENSE_MAPPING_MAX_VALUES => buckets_for(more) * SPARSE_BUCKET_BYTES,
             None => len * 4,
         }
     }
@@ -70,7 +93,10 @@ impl Mapping {
         let k = usize::try_from(k).ok().filter(|&k| k < len)?;
         match self {
             Mapping::Dense(map) => map.get(k).copied(),
-            Mapping::Sparse(map) => Some(map.get(&(k as u32)).copied().unwrap_or(u32::MAX)),
+            Mapping::Sparse(map) => {
+                let k = u32::try_from(k).ok()?;
+                Some(map.get(&k).copied().unwrap_or(u32::MAX))
+            }
         }
     }
 
@@ -83,7 +109,9 @@ impl Mapping {
                 }
             }
             Mapping::Sparse(map) => {
-                map.insert(k as u32, key);
+                if let Ok(k) = u32::try_from(k) {
+                    map.insert(k, key);
+                }
             }
         }
     }
@@ -148,12 +176,15 @@ pub(super) fn growth(data: &ArrayData, key: &DataType, rows: &[u32]) -> ColumnGr
     let width = key.primitive_width().unwrap_or(8);
     let signed = key.is_signed_integer();
     let keys = key_bytes(data, width);
-    let value_rows: Vec<u32> = rows
+    let mut value_rows: Vec<u32> = rows
         .iter()
         .map(|&r| key_at(keys, width, signed, r as usize))
         .filter(|&k| k < values.len() as u64)
         .map(|k| k as u32)
         .collect();
+    // Each value once, however many rows use it (equal keys share a partition).
+    value_rows.sort_unstable();
+    value_rows.dedup();
     // At most every row a new value, and never more than the whole dictionary:
     // measured only when the dictionary has no more values than there are rows, so
     // that an append costs its rows, not its dictionary (a probe batch cut into
@@ -168,7 +199,7 @@ pub(super) fn growth(data: &ArrayData, key: &DataType, rows: &[u32]) -> ColumnGr
     ColumnGrowth {
         data: 0,
         inline: 0,
-        values: rows.len().min(values.len()),
+        values: value_rows.len(),
         value_data,
         source: Some(values.clone()),
     }

@@ -534,26 +534,55 @@ fn a_large_source_dictionary_is_mapped_by_the_values_gathered() -> TestResult {
         true,
     )]));
     let mut rows = GatherBuffer::new(Arc::clone(&schema))?;
-    let picks: [&[u32]; 3] = [&[5, 99_999, 70_000], &[5, 12], &[42_000]];
+    // A single row first (the smallest table), then growing ones, repeats included.
+    let many: Vec<u32> = (100..140).collect();
+    let picks: [&[u32]; 5] = [
+        &[7],
+        &[5, 99_999, 70_000],
+        &[5, 12],
+        &[42_000, 42_000, 1, 2, 3, 4, 6, 8, 9],
+        &many,
+    ];
+    let cast = |a: &dyn Array| arrow_cast::cast(a, &DataType::Utf8);
     for pick in picks {
         let growth = Growth::of(&[source.to_data()], pick);
-        assert!(
-            rows.capacity_after(&growth) < 16 << 10,
-            "{}",
-            rows.capacity_after(&growth)
-        );
+        let said = rows.capacity_after(&growth);
+        assert!(said < 16 << 10, "{said}");
         rows.append(&[source.to_data()], pick, None)?;
+        assert!(rows.held() <= said, "held {} > said {said}", rows.held());
     }
     let got = rows.finish()?;
     let all: Vec<u32> = picks.concat();
     let expected = take(&source, &arrow_array::UInt32Array::from(all), None)?;
-    let cast = |a: &dyn Array| arrow_cast::cast(a, &DataType::Utf8);
     assert_eq!(
         cast(got.column(0))?.as_ref(),
         cast(expected.as_ref())?.as_ref()
     );
     let d = arrow_array::cast::AsArray::as_dictionary::<Int32Type>(got.column(0));
-    assert_eq!(d.values().len(), 5, "each value once");
+    assert_eq!(d.values().len(), 53, "each value once");
+    // Int16 keys (values interned by their bytes) over a 20,000-value dictionary.
+    let small: DictionaryArray<arrow_array::types::Int16Type> =
+        names[..20_000].iter().map(|s| Some(s.as_str())).collect();
+    let schema: SchemaRef = Arc::new(Schema::new(vec![Field::new(
+        "d",
+        small.data_type().clone(),
+        true,
+    )]));
+    let mut rows = GatherBuffer::new(schema)?;
+    for pick in [&[19_999u32, 3][..], &[3, 4]] {
+        let growth = Growth::of(&[small.to_data()], pick);
+        let said = rows.capacity_after(&growth);
+        assert!(said < 16 << 10, "{said}");
+        rows.append(&[small.to_data()], pick, None)?;
+        assert!(rows.held() <= said, "held {} > said {said}", rows.held());
+    }
+    let got = rows.finish()?;
+    let indices = arrow_array::UInt32Array::from(vec![19_999, 3, 3, 4]);
+    let expected = take(&small, &indices, None)?;
+    assert_eq!(
+        cast(got.column(0))?.as_ref(),
+        cast(expected.as_ref())?.as_ref()
+    );
     Ok(())
 }
 

@@ -27,10 +27,18 @@
 //! Without the split, a plan of many joins under a fair pool left each join a share
 //! smaller than its working set, and joins failed that spilling would have saved.
 //! When DataFusion refuses, the join spills: a refusal is the only signal it uses.
+//!
+//! A fair pool divides what spills among every spilling consumer registered, and
+//! DataFusion registers many (each `RepartitionExec` partition, aggregates, sorts):
+//! TPC-H Q9 at 16 MiB gave each consumer 0.7 MiB, while the join was planned for
+//! its share of the pool (`with_share`: 2.7 MiB) and one partition's buffer took
+//! 0.8 MiB. So a spillable reservation the fair share refuses may *borrow* from the
+//! working set, while the execution holds less than its planned share in all and the
+//! pool as a whole has the memory; borrowed bytes are given back first.
 
 use std::fmt;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 
 use datafusion::execution::memory_pool::{
     MemoryConsumer as DfConsumer, MemoryLimit as DfLimit, MemoryPool as DfPool,
@@ -47,6 +55,10 @@ pub struct DataFusionPool {
     spilling: DfReservation,
     working: DfReservation,
     limit: MemoryLimit,
+    /// Bytes of spillable reservations held in `working`, borrowed past the fair
+    /// share of `spilling` (see the module docs). Its lock is also held while
+    /// spillable bytes move between the two.
+    borrowed: Mutex<usize>,
     /// The bytes spilljoin's reservations hold now (the DataFusion reservation holds
     /// the same number; kept apart so that `reserved` needs no lock).
     reserved: AtomicUsize,
@@ -67,6 +79,7 @@ impl DataFusionPool {
             spilling,
             working,
             limit,
+            borrowed: Mutex::new(0),
             reserved: AtomicUsize::new(0),
         }
     }
@@ -86,6 +99,22 @@ impl DataFusionPool {
     /// The bytes DataFusion's reservations for this join hold now.
     pub fn datafusion_reserved(&self) -> usize {
         self.spilling.size() + self.working.size()
+    }
+
+    /// Grows the working set by `additional` bytes of a spillable reservation that
+    /// the fair share refused, if the execution then holds at most its planned share
+    /// (an infinite limit plans none: nothing is borrowed). Returns whether it did.
+    fn borrow(&self, additional: usize) -> bool {
+        let MemoryLimit::Finite(share) = self.limit else {
+            return false;
+        };
+        let mut borrowed = self.borrowed.lock().unwrap_or_else(PoisonError::into_inner);
+        let held = self.spilling.size() + self.working.size();
+        if held.saturating_add(additional) > share || self.working.try_grow(additional).is_err() {
+            return false;
+        }
+        *borrowed += additional;
+        true
     }
 
     /// The DataFusion reservation that `reservation`'s bytes go to.
@@ -114,7 +143,17 @@ impl MemoryPool for DataFusionPool {
     }
 
     fn shrink(&self, reservation: &MemoryReservation, shrink: usize) {
-        self.of(reservation).shrink(shrink);
+        if reservation.consumer().can_spill() {
+            // Borrowed bytes first: the working set's memory is what the pool serves
+            // to everyone before spilling shares.
+            let mut borrowed = self.borrowed.lock().unwrap_or_else(PoisonError::into_inner);
+            let returned = shrink.min(*borrowed);
+            *borrowed -= returned;
+            self.working.shrink(returned);
+            self.spilling.shrink(shrink - returned);
+        } else {
+            self.working.shrink(shrink);
+        }
         self.reserved.fetch_sub(shrink, Ordering::Relaxed);
     }
 
@@ -124,23 +163,26 @@ impl MemoryPool for DataFusionPool {
         additional: usize,
     ) -> Result<(), MemoryError> {
         let target = self.of(reservation);
-        match target.try_grow(additional) {
-            Ok(()) => {
-                self.reserved.fetch_add(additional, Ordering::Relaxed);
-                Ok(())
-            }
-            Err(_) => Err(MemoryError::ResourcesExhausted {
-                consumer: format!(
-                    "{} ({})",
-                    reservation.consumer().name(),
-                    target.consumer().name()
-                ),
-                requested_bytes: additional,
-                available_bytes: 0,
-                limit_bytes: self.limit.bytes(),
-                top_consumers: Vec::new(),
-            }),
+        let grown = match target.try_grow(additional) {
+            Ok(()) => true,
+            Err(_) if reservation.consumer().can_spill() => self.borrow(additional),
+            Err(_) => false,
+        };
+        if grown {
+            self.reserved.fetch_add(additional, Ordering::Relaxed);
+            return Ok(());
         }
+        Err(MemoryError::ResourcesExhausted {
+            consumer: format!(
+                "{} ({})",
+                reservation.consumer().name(),
+                target.consumer().name()
+            ),
+            requested_bytes: additional,
+            available_bytes: 0,
+            limit_bytes: self.limit.bytes(),
+            top_consumers: Vec::new(),
+        })
     }
 
     fn reserved(&self) -> usize {
@@ -180,24 +222,24 @@ mod tests {
     #[test]
     fn a_fair_pool_shares_between_two_joins() {
         let df: Arc<dyn DfPool> = Arc::new(FairSpillPool::new(1000));
-        let one: Arc<dyn MemoryPool> = Arc::new(DataFusionPool::new("one", &df));
-        let two: Arc<dyn MemoryPool> = Arc::new(DataFusionPool::new("two", &df));
+        let one: Arc<dyn MemoryPool> = Arc::new(DataFusionPool::new("one", &df).with_share(2));
+        let two: Arc<dyn MemoryPool> = Arc::new(DataFusionPool::new("two", &df).with_share(2));
         let spilling = |name| MemoryConsumer::new(name).with_can_spill(true);
         let mut a = spilling("a").register(&one);
         let mut b = spilling("b").register(&two);
-        // Two spilling consumers: each may have half.
+        // Two spilling consumers, each planned for half: each may have half.
         assert!(a.try_grow(600).is_err());
         a.try_grow(500).unwrap();
         b.try_grow(500).unwrap();
         assert!(b.try_grow(1).is_err());
-        assert_eq!(one.limit(), MemoryLimit::Finite(1000));
+        assert_eq!(one.limit(), MemoryLimit::Finite(500));
     }
 
     #[test]
     fn the_working_set_is_served_before_spilling_shares() {
         let df: Arc<dyn DfPool> = Arc::new(FairSpillPool::new(1000));
-        let one: Arc<dyn MemoryPool> = Arc::new(DataFusionPool::new("one", &df));
-        let two: Arc<dyn MemoryPool> = Arc::new(DataFusionPool::new("two", &df));
+        let one: Arc<dyn MemoryPool> = Arc::new(DataFusionPool::new("one", &df).with_share(2));
+        let two: Arc<dyn MemoryPool> = Arc::new(DataFusionPool::new("two", &df).with_share(2));
         let mut probe = MemoryConsumer::new("probe").register(&one);
         let mut build = MemoryConsumer::new("build")
             .with_can_spill(true)
@@ -217,5 +259,60 @@ mod tests {
         );
         drop((probe, build, other));
         assert_eq!(df.reserved(), 0);
+    }
+
+    #[test]
+    fn a_refused_fair_share_borrows_up_to_the_planned_share() {
+        // Four spilling consumers share 1000 bytes (250 each); the join was planned
+        // for half the pool.
+        let df: Arc<dyn DfPool> = Arc::new(FairSpillPool::new(1000));
+        let join: Arc<dyn MemoryPool> = Arc::new(DataFusionPool::new("join", &df).with_share(2));
+        let _others: Vec<_> = (0..3)
+            .map(|i| {
+                DfConsumer::new(format!("spilling {i}"))
+                    .with_can_spill(true)
+                    .register(&df)
+            })
+            .collect();
+        let merge = DfConsumer::new("merge").register(&df);
+        let mut build = MemoryConsumer::new("build")
+            .with_can_spill(true)
+            .register(&join);
+        build.try_grow(250).unwrap();
+        // Past the fair share: borrowed from the working set, up to the planned 500.
+        build.try_grow(200).unwrap();
+        assert_eq!(df.reserved(), 450);
+        assert!(build.try_grow(51).is_err(), "past the planned share");
+        // Not past what the pool has.
+        merge.try_grow(550).unwrap();
+        build.shrink(100);
+        assert!(build.try_grow(150).is_err(), "the pool has 100 bytes left");
+        build.try_grow(100).unwrap();
+        assert_eq!(df.reserved(), 1000);
+        // Borrowed bytes go back first: the fair share is what stays held.
+        build.shrink(300);
+        assert_eq!(
+            (build.size(), join.reserved(), df.reserved()),
+            (150, 150, 700)
+        );
+        merge.free();
+        build.try_grow(100).unwrap();
+        assert_eq!(df.reserved(), 250);
+        drop(build);
+        assert_eq!((join.reserved(), df.reserved()), (0, 0));
+    }
+
+    #[test]
+    fn without_a_share_a_join_may_borrow_up_to_the_whole_pool() {
+        let df: Arc<dyn DfPool> = Arc::new(FairSpillPool::new(1000));
+        let join: Arc<dyn MemoryPool> = Arc::new(DataFusionPool::new("join", &df));
+        let _other = DfConsumer::new("other").with_can_spill(true).register(&df);
+        let mut build = MemoryConsumer::new("build")
+            .with_can_spill(true)
+            .register(&join);
+        build.try_grow(500).unwrap();
+        build.try_grow(500).unwrap();
+        assert!(build.try_grow(1).is_err());
+        assert_eq!(df.reserved(), 1000);
     }
 }

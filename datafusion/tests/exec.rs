@@ -317,6 +317,51 @@ async fn two_joins_spill_inside_one_small_pool() {
     assert_eq!(spill_files(dir.path()), 0);
 }
 
+/// DataFusion registers a spilling consumer for every partition of many operators
+/// (repartitions, aggregates, sorts), and a fair pool divides what spills among all
+/// of them: with forty registered, a 2 MiB pool gives each 50 KiB, less than one of
+/// the join's partition buffers. The joins still answer, borrowing up to their
+/// planned share of the pool, and spill; everything is given back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn joins_answer_when_a_fair_pool_splits_among_many_spilling_consumers() {
+    const LIMIT: usize = 4 << 20;
+    const WIDE_JOIN: &str = "SELECT a.k, a.v, b.w, length(b.pad) FROM a JOIN \
+        (SELECT *, repeat('p', 300 + j) AS pad FROM b) b ON a.k = b.k";
+    use datafusion::execution::memory_pool::MemoryConsumer;
+    let dir = tempfile::tempdir().unwrap();
+    let reference = session(false, unbounded(), dir.path(), false).await;
+    let expected = sorted_rows(
+        &reference
+            .ctx
+            .sql(WIDE_JOIN)
+            .await
+            .unwrap()
+            .collect()
+            .await
+            .unwrap(),
+    );
+    let pool: Arc<dyn MemoryPool> = Arc::new(FairSpillPool::new(LIMIT));
+    let idle: Vec<_> = (0..40)
+        .map(|i| {
+            MemoryConsumer::new(format!("idle spilling consumer {i}"))
+                .with_can_spill(true)
+                .register(&pool)
+        })
+        .collect();
+    let s = session(true, Arc::clone(&pool), dir.path(), false).await;
+    let plan = plan(&s, WIDE_JOIN).await;
+    let out = collect(Arc::clone(&plan), s.ctx.task_ctx()).await.unwrap();
+    assert_eq!(sorted_rows(&out), expected);
+    let spilled = joins_spilled(&plan);
+    assert!(
+        spilled.iter().all(|&b| b > 0),
+        "the join spilled: {spilled:?}"
+    );
+    drop(idle);
+    assert_eq!(pool.reserved(), 0);
+    assert_eq!(spill_files(dir.path()), 0);
+}
+
 /// Spilled bytes of every `SpilljoinExec` in `plan`.
 fn joins_spilled(plan: &Arc<dyn ExecutionPlan>) -> Vec<usize> {
     let mut out = Vec::new();

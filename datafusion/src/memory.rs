@@ -88,7 +88,8 @@ impl DataFusionPool {
     /// for a join whose plan runs `executions` join executions side by side: the
     /// engine sizes what it sets aside by its limit, and the executions would
     /// otherwise each set aside a share of the whole pool. Reservations still go to
-    /// the DataFusion pool, which alone refuses.
+    /// the DataFusion pool, which alone refuses; the share also bounds what spilling
+    /// reservations may borrow from the working set (see the module docs).
     pub fn with_share(mut self, executions: usize) -> Self {
         if let MemoryLimit::Finite(bytes) = self.limit {
             self.limit = MemoryLimit::Finite(bytes / executions.max(1));

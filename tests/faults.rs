@@ -523,14 +523,7 @@ fn a_plan_that_never_fires_changes_nothing() {
                 .unwrap()
                 .collect::<Result<Vec<_>, _>>()
                 .unwrap_or_else(|e| panic!("{}, {join_type:?}: {e}", phase.name));
-            let expected = reference_join(
-                left,
-                right,
-                &[(0, 0)],
-                join_type,
-                false,
-                NullEquality::NullEqualsNothing,
-            );
+            let expected = expected_rows(left, right, join_type);
             let context = format!("{}, {join_type:?}, faults {faults:?}", phase.name);
             assert!(rendered_rows(&got) == expected, "wrong answer: {context}");
             let seen = faults.seen();
@@ -649,15 +642,20 @@ fn probe_prepared_with_a_fault(
         .unwrap()
         .collect::<Result<Vec<_>, _>>()
         .unwrap_or_else(|e| panic!("the second probe failed: {e}: {context}"));
-    let expected = reference_join(
+    let expected = expected_rows(left, right, join_type);
+    assert!(rendered_rows(&again) == expected, "wrong answer: {context}");
+    drop(prepared);
+    setup.assert_clean(join, &context);
+}
+
+/// The reference join's rows for `left` and `right` joined on their first columns.
+fn expected_rows(left: &RecordBatch, right: &RecordBatch, join_type: JoinType) -> Vec<String> {
+    reference_join(
         left,
         right,
         &[(0, 0)],
         join_type,
         false,
         NullEquality::NullEqualsNothing,
-    );
-    assert!(rendered_rows(&again) == expected, "wrong answer: {context}");
-    drop(prepared);
-    setup.assert_clean(join, &context);
+    )
 }

@@ -94,6 +94,11 @@ fn count_nodes(plan: &Arc<dyn ExecutionPlan>, name: &str) -> usize {
         .sum::<usize>()
 }
 
+/// The rows of `sql` run in `s`, sorted.
+async fn query_rows(s: &Session, sql: &str) -> Vec<String> {
+    sorted_rows(&s.ctx.sql(sql).await.unwrap().collect().await.unwrap())
+}
+
 fn sorted_rows(batches: &[RecordBatch]) -> Vec<String> {
     let text = pretty_format_batches(batches).unwrap().to_string();
     let mut rows: Vec<String> = text.lines().skip(3).map(str::to_owned).collect();
@@ -289,16 +294,7 @@ fn walk(dir: &Path) -> Vec<std::path::PathBuf> {
 async fn two_joins_spill_inside_one_small_pool() {
     let dir = tempfile::tempdir().unwrap();
     let reference = session(false, unbounded(), dir.path(), false).await;
-    let expected = sorted_rows(
-        &reference
-            .ctx
-            .sql(TWO_JOINS)
-            .await
-            .unwrap()
-            .collect()
-            .await
-            .unwrap(),
-    );
+    let expected = query_rows(&reference, TWO_JOINS).await;
     assert!(expected.len() > 1000);
     let limit = 1 << 20;
     let pool: Arc<dyn MemoryPool> = Arc::new(FairSpillPool::new(limit));
@@ -330,16 +326,7 @@ async fn joins_answer_when_a_fair_pool_splits_among_many_spilling_consumers() {
     use datafusion::execution::memory_pool::MemoryConsumer;
     let dir = tempfile::tempdir().unwrap();
     let reference = session(false, unbounded(), dir.path(), false).await;
-    let expected = sorted_rows(
-        &reference
-            .ctx
-            .sql(WIDE_JOIN)
-            .await
-            .unwrap()
-            .collect()
-            .await
-            .unwrap(),
-    );
+    let expected = query_rows(&reference, WIDE_JOIN).await;
     let pool: Arc<dyn MemoryPool> = Arc::new(FairSpillPool::new(LIMIT));
     let idle: Vec<_> = (0..40)
         .map(|i| {
@@ -433,7 +420,7 @@ async fn collect_left_keeps_the_probe_partitioning() {
     for (label, s) in &sessions {
         collect_left(s).await;
         for sql in &queries {
-            let expected = sorted_rows(&stock.ctx.sql(sql).await.unwrap().collect().await.unwrap());
+            let expected = query_rows(&stock, sql).await;
             assert!(!expected.is_empty(), "{sql}");
             let plan = plan(s, sql).await;
             let joins = spilling_joins(&plan);

@@ -521,19 +521,13 @@ fn small_dictionary_keys_admit_rows_while_their_values_fit() -> TestResult {
 
 #[test]
 fn a_large_source_dictionary_is_mapped_by_the_values_gathered() -> TestResult {
-    use arrow_array::types::Int32Type;
+    use arrow_array::types::{Int16Type, Int32Type};
     use arrow_array::DictionaryArray;
     // 100,000 distinct values, a few rows of them gathered at a time (as a probe batch
     // cut into hundreds of partitions is): the buffer counts a mapping of the values it
     // gathers, not of the whole dictionary (400 KB), and gathers the same as `take`.
     let names: Vec<String> = (0..100_000).map(|i| format!("value {i}")).collect();
     let source: DictionaryArray<Int32Type> = names.iter().map(|s| Some(s.as_str())).collect();
-    let schema: SchemaRef = Arc::new(Schema::new(vec![Field::new(
-        "d",
-        source.data_type().clone(),
-        true,
-    )]));
-    let mut rows = GatherBuffer::new(Arc::clone(&schema))?;
     // A single row first (the smallest table), then growing ones, repeats included.
     let many: Vec<u32> = (100..140).collect();
     let picks: [&[u32]; 5] = [
@@ -543,7 +537,30 @@ fn a_large_source_dictionary_is_mapped_by_the_values_gathered() -> TestResult {
         &[42_000, 42_000, 1, 2, 3, 4, 6, 8, 9],
         &many,
     ];
+    let got = gather_small_pieces(&source, &picks)?;
+    let d = arrow_array::cast::AsArray::as_dictionary::<Int32Type>(got.column(0));
+    assert_eq!(d.values().len(), 53, "each value once");
+    // Int16 keys (values interned by their bytes) over a 20,000-value dictionary.
+    let small: DictionaryArray<Int16Type> =
+        names[..20_000].iter().map(|s| Some(s.as_str())).collect();
+    gather_small_pieces(&small, &[&[19_999, 3], &[3, 4]])?;
+    Ok(())
+}
+
+/// Gathers `picks` of `source`, one append each, checking that each append's memory
+/// is what `capacity_after` said and under 16 KiB, and that the rows gathered are
+/// `take`'s; returns them.
+fn gather_small_pieces(
+    source: &dyn Array,
+    picks: &[&[u32]],
+) -> std::result::Result<RecordBatch, Box<dyn std::error::Error>> {
     let cast = |a: &dyn Array| arrow_cast::cast(a, &DataType::Utf8);
+    let schema: SchemaRef = Arc::new(Schema::new(vec![Field::new(
+        "d",
+        source.data_type().clone(),
+        true,
+    )]));
+    let mut rows = GatherBuffer::new(schema)?;
     for pick in picks {
         let growth = Growth::of(&[source.to_data()], pick);
         let said = rows.capacity_after(&growth);
@@ -552,38 +569,13 @@ fn a_large_source_dictionary_is_mapped_by_the_values_gathered() -> TestResult {
         assert!(rows.held() <= said, "held {} > said {said}", rows.held());
     }
     let got = rows.finish()?;
-    let all: Vec<u32> = picks.concat();
-    let expected = take(&source, &arrow_array::UInt32Array::from(all), None)?;
+    let indices = arrow_array::UInt32Array::from(picks.concat());
+    let expected = take(source, &indices, None)?;
     assert_eq!(
         cast(got.column(0))?.as_ref(),
         cast(expected.as_ref())?.as_ref()
     );
-    let d = arrow_array::cast::AsArray::as_dictionary::<Int32Type>(got.column(0));
-    assert_eq!(d.values().len(), 53, "each value once");
-    // Int16 keys (values interned by their bytes) over a 20,000-value dictionary.
-    let small: DictionaryArray<arrow_array::types::Int16Type> =
-        names[..20_000].iter().map(|s| Some(s.as_str())).collect();
-    let schema: SchemaRef = Arc::new(Schema::new(vec![Field::new(
-        "d",
-        small.data_type().clone(),
-        true,
-    )]));
-    let mut rows = GatherBuffer::new(schema)?;
-    for pick in [&[19_999u32, 3][..], &[3, 4]] {
-        let growth = Growth::of(&[small.to_data()], pick);
-        let said = rows.capacity_after(&growth);
-        assert!(said < 16 << 10, "{said}");
-        rows.append(&[small.to_data()], pick, None)?;
-        assert!(rows.held() <= said, "held {} > said {said}", rows.held());
-    }
-    let got = rows.finish()?;
-    let indices = arrow_array::UInt32Array::from(vec![19_999, 3, 3, 4]);
-    let expected = take(&small, &indices, None)?;
-    assert_eq!(
-        cast(got.column(0))?.as_ref(),
-        cast(expected.as_ref())?.as_ref()
-    );
-    Ok(())
+    Ok(got)
 }
 
 /// Bytes of memory a batch holds: every buffer its arrays reference, whole, each

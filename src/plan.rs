@@ -281,7 +281,10 @@ impl ProbeShape {
     /// piece being probed, the output and the spill pieces made from it), and the
     /// output batches in flight: a batch being assembled per worker and the
     /// channel's two per worker, of rows `build_row_bytes + probe_row_bytes` wide
-    /// (up to an eighth of the limit, what [`crate::channel`] lets wait).
+    /// (up to an eighth of the limit). [`crate::channel`] lets up to a quarter wait
+    /// where the pool has the room (as in the spilled pairs' phase, where the
+    /// level's tables are gone); where it has not, workers wait for the caller.
+    /// Counting the quarter here took a narrow build under 3.4 MiB out of one level.
     pub fn workers_headroom(
         &self,
         work_batch_bytes: usize,

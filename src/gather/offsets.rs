@@ -8,12 +8,12 @@
 //! Its own file because the offset type is a parameter ([`OffsetValue`]) and the
 //! helpers that read an input's offsets are shared with dictionaries' values.
 
-use arrow_data::{ArrayData, ArrayDataBuilder};
+use arrow_data::{ArrayData, ArrayDataBuilder, ByteView, MAX_INLINE_VIEW_LEN};
 use arrow_schema::DataType;
 
 use super::column::{short_column, ColumnGrowth};
 use super::values::Values;
-use super::views::{value_at, view_bytes, views_of};
+use super::views::{view_bytes, views_of};
 use crate::error::{JoinError, Result};
 
 /// An offset type of a variable-width array.
@@ -191,7 +191,10 @@ impl Bytes {
     }
 
     /// [`append`](Self::append) from a view array: each value's bytes (a short
-    /// one's from its view) copied into the data, its offset where they end.
+    /// one's from its view) copied into the data, its offset where they end. The
+    /// data are extended once by the rows' bytes and written in place, a short value
+    /// as its view's twelve bytes (what lies past its length is overwritten by the
+    /// values after it): per row a fixed copy, not a call that grows a buffer.
     fn append_views<O: OffsetValue>(
         &mut self,
         data: &ArrayData,
@@ -204,20 +207,47 @@ impl Bytes {
         }
         let blocks = data.buffers().get(1..).unwrap_or_default();
         let (_, total) = view_bytes(data, rows);
-        let mut end = self.room::<O>(total, expected)?;
+        let start = self.room::<O>(total, expected)?;
         let w = std::mem::size_of::<O>();
         let out = self.offsets.extend(rows.len() * w, (expected + 1) * w)?;
+        let bytes = self
+            .data
+            .extend(total, expected.saturating_mul(self.row_bytes))?;
+        let mut at = 0;
         for (to, &r) in out.chunks_exact_mut(w).zip(rows) {
-            let value = value_at(&views[r as usize], blocks).ok_or_else(short_column)?;
-            self.data.push_slice(value)?;
-            end += value.len();
+            let view = *views.get(r as usize).ok_or_else(short_column)?;
+            let len = view as u32 as usize;
+            if len <= MAX_INLINE_VIEW_LEN as usize {
+                let inline = view.to_le_bytes();
+                match bytes.get_mut(at..at + 12) {
+                    Some(to) => to.copy_from_slice(&inline[4..]),
+                    None => bytes
+                        .get_mut(at..at + len)
+                        .ok_or_else(short_column)?
+                        .copy_from_slice(&inline[4..4 + len]),
+                }
+            } else {
+                let v = ByteView::from(view);
+                let s = v.offset as usize;
+                let value = blocks
+                    .get(v.buffer_index as usize)
+                    .and_then(|b| b.as_slice().get(s..s + len))
+                    .ok_or_else(short_column)?;
+                bytes
+                    .get_mut(at..at + len)
+                    .ok_or_else(short_column)?
+                    .copy_from_slice(value);
+            }
+            at += len;
             // (Checked by `room`: the whole append fits.)
-            let offset = O::from_offset(end).unwrap_or_default();
+            let offset = O::from_offset(start + at).unwrap_or_default();
             to.copy_from_slice(arrow_buffer::ToByteSlice::to_byte_slice(&offset));
         }
         Ok(())
     }
 
+    /// [`append`](Self::append) from an offsets array, its data extended once by
+    /// the rows' bytes and written in place.
     fn append_as<O: OffsetValue>(
         &mut self,
         data: &ArrayData,
@@ -235,16 +265,23 @@ impl Bytes {
         }
         let w = std::mem::size_of::<O>();
         let total = offset_bytes::<O>(data, rows);
-        let mut end = self.room::<O>(total, expected)?;
+        let start = self.room::<O>(total, expected)?;
         let out = self.offsets.extend(rows.len() * w, (expected + 1) * w)?;
+        let bytes = self
+            .data
+            .extend(total, expected.saturating_mul(self.row_bytes))?;
+        let mut at = 0;
         for (to, &r) in out.chunks_exact_mut(w).zip(rows) {
             let r = r as usize;
             let (s, e) = (offsets[r].offset_usize(), offsets[r + 1].offset_usize());
             let value = source.get(s..e).ok_or_else(short_column)?;
-            self.data.push_slice(value)?;
-            end += value.len();
+            bytes
+                .get_mut(at..at + value.len())
+                .ok_or_else(short_column)?
+                .copy_from_slice(value);
+            at += value.len();
             // (Checked above: the whole append fits.)
-            let offset = O::from_offset(end).unwrap_or_default();
+            let offset = O::from_offset(start + at).unwrap_or_default();
             to.copy_from_slice(arrow_buffer::ToByteSlice::to_byte_slice(&offset));
         }
         Ok(())

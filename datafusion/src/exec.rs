@@ -33,7 +33,9 @@ use datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use datafusion::physical_expr::PhysicalExpr;
 use datafusion::physical_plan::execution_plan::{ChildrenPropertiesMode, ReplaceChildrenOptions};
 use datafusion::physical_plan::joins::{HashJoinExec, PartitionMode};
-use datafusion::physical_plan::metrics::{BaselineMetrics, ExecutionPlanMetricsSet, MetricsSet};
+use datafusion::physical_plan::metrics::{
+    BaselineMetrics, ExecutionPlanMetricsSet, MetricsSet, RecordOutput,
+};
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::{
     displayable, DisplayAs, DisplayFormatType, Distribution, ExecutionPlan,
@@ -463,7 +465,8 @@ fn output_stream(
                     true => batch.slice(0, remaining),
                     false => batch,
                 };
-                baseline.record_output(batch.num_rows());
+                // Rows, batches and bytes, as DataFusion's operators record them.
+                (&batch).record_output(&baseline);
                 batch
             });
             let left = remaining - item.as_ref().map_or(0, |b| b.num_rows());

@@ -3,7 +3,11 @@
 //! DataFusion's own spill metrics (`spill_count`, `spilled_bytes`, `spilled_rows`)
 //! carry the totals, so tools that read them see the join spill like a sort; the
 //! per-side figures, partitions, depth, fallbacks and time per phase follow under
-//! the engine's names.
+//! the engine's names. The baseline figures (`output_rows`, `output_batches`,
+//! `output_bytes`) are recorded as each output stream returns a batch
+//! (`SpilljoinExec::execute`). `elapsed_compute` stays near zero: the engine joins on
+//! threads of its own, outside the streams' polls; its time is in `build_time`,
+//! `probe_time`, `spilled_time` and `join_time` (wall time of each phase).
 
 use std::time::Duration;
 

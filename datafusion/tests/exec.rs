@@ -251,6 +251,34 @@ fn spilling_joins(plan: &Arc<dyn ExecutionPlan>) -> Vec<&SpilljoinExec> {
     joins
 }
 
+/// A join's baseline metrics are its output's, as any DataFusion operator's are
+/// (`EXPLAIN ANALYZE` showed no batches and no bytes): the rows, batches and bytes of
+/// the batches its streams returned.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_join_reports_its_output_rows_batches_and_bytes() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = session(true, unbounded(), dir.path(), false).await;
+    let plan = plan(&s, "SELECT a.k, a.s, b.w FROM a JOIN b ON a.k = b.k").await;
+    let join = find_join(&plan).unwrap();
+    let out = collect(Arc::clone(&join), s.ctx.task_ctx()).await.unwrap();
+    let rows: usize = out.iter().map(|b| b.num_rows()).sum();
+    assert!(rows > 0);
+    let metrics = join.metrics().unwrap();
+    assert_eq!(metrics.output_rows(), Some(rows));
+    // (Baseline metrics are summed by kind: `sum_by_name` skips them.)
+    let named = |name: &str| {
+        metrics
+            .sum(|m| m.value().name() == name)
+            .map(|v| v.as_usize())
+    };
+    assert_eq!(named("output_batches"), Some(out.len()));
+    let bytes: usize = out
+        .iter()
+        .map(datafusion::common::utils::memory::get_record_batch_memory_size)
+        .sum();
+    assert_eq!(named("output_bytes"), Some(bytes));
+}
+
 /// The first `SpilljoinExec` in `plan`, depth first.
 fn find_join(plan: &Arc<dyn ExecutionPlan>) -> Option<Arc<dyn ExecutionPlan>> {
     if plan.downcast_ref::<SpilljoinExec>().is_some() {

@@ -1,3 +1,5 @@
+//! The smallest use of the crate: a session from `with_spilljoin`, one join.
+
 use std::sync::Arc;
 
 use datafusion::arrow::util::pretty::pretty_format_batches;
@@ -36,26 +38,43 @@ async fn ctx(spill: bool, limit: Option<usize>) -> SessionContext {
     ctx
 }
 
+/// The one-call setup end to end: under a 4 MiB fair pool with forced spilling, a
+/// join of duplicate keys plans a `SpilljoinExec`, answers what stock DataFusion
+/// (`SET spilljoin.enabled = false`, no limit) answers, and `EXPLAIN ANALYZE` shows
+/// it spilled and what it output.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn smoke() {
     let c = ctx(true, Some(4 << 20)).await;
     let q = "SELECT count(*), sum(v), sum(w), max(s) FROM a JOIN b ON a.k = b.k";
-    let plan = c
-        .sql(&format!("EXPLAIN {q}"))
+    let text = |batches: &[datafusion::arrow::array::RecordBatch]| {
+        pretty_format_batches(batches).unwrap().to_string()
+    };
+    let explain = c.sql(&format!("EXPLAIN {q}")).await.unwrap();
+    let explain = text(&explain.collect().await.unwrap());
+    assert!(explain.contains("SpilljoinExec"), "{explain}");
+    let ours = text(&c.sql(q).await.unwrap().collect().await.unwrap());
+    let stock_ctx = ctx(false, None).await;
+    stock_ctx
+        .sql("SET spilljoin.enabled = false")
         .await
         .unwrap()
         .collect()
         .await
         .unwrap();
-    println!("{}", pretty_format_batches(&plan).unwrap());
-    let out = c.sql(q).await.unwrap().collect().await.unwrap();
-    println!("{}", pretty_format_batches(&out).unwrap());
-    let plan = c
-        .sql(&format!("EXPLAIN ANALYZE {q}"))
-        .await
-        .unwrap()
-        .collect()
-        .await
-        .unwrap();
-    println!("{}", pretty_format_batches(&plan).unwrap());
+    let stock = text(&stock_ctx.sql(q).await.unwrap().collect().await.unwrap());
+    assert_eq!(ours, stock);
+    let analyzed = c.sql(&format!("EXPLAIN ANALYZE {q}")).await.unwrap();
+    let analyzed = text(&analyzed.collect().await.unwrap());
+    let join = analyzed
+        .lines()
+        .find(|l| l.contains("SpilljoinExec"))
+        .unwrap_or_default();
+    assert!(
+        join.contains("spill_count=") && !join.contains("spill_count=0"),
+        "{join}"
+    );
+    assert!(
+        join.contains("output_batches=") && !join.contains("output_batches=0"),
+        "{join}"
+    );
 }

@@ -40,8 +40,8 @@ const GATE_WAIT: Duration = Duration::from_millis(50);
 /// channel holds about three batches a worker beside them. The caller that takes
 /// them mostly runs when a worker waits (the workers keep every core busy): with an
 /// eighth the channel held one batch a worker, and workers waited for the caller
-/// at nearly every batch (SF1 every column at 5%: 8,000 waits of 80 µs, half of
-/// the spilled pairs' time). With a quarter they did not wait.
+/// at nearly every batch (SF1 every column at 5%: 8,000 waits of 80 µs, a fifth
+/// of the workers' time in the spilled pairs). With a quarter they did not wait.
 pub(crate) const IN_FLIGHT_SHARE: usize = 4;
 
 /// Counts the output batches in flight against the pool and a cap.

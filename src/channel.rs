@@ -275,6 +275,43 @@ mod tests {
         Ok(())
     }
 
+    /// A piece larger than a batch is passed on in equal slices of at most a batch,
+    /// none copied: cut into whole batches and a remainder, the remainder (under
+    /// half a batch) was copied into the coalescer and again into the next batch.
+    #[test]
+    fn a_large_piece_passes_in_equal_slices_sharing_its_buffers() -> Result<()> {
+        use arrow_array::{cast::AsArray, ArrayRef, Int64Array};
+        let pool: Arc<dyn MemoryPool> = Arc::new(GreedyMemoryPool::new(1 << 30));
+        let (channel, receiver) = output_channel(8, &pool, Arc::new(AtomicBool::new(false)));
+        let gate = Arc::clone(&channel.gate);
+        let values: Int64Array = (0..250).map(Some).collect();
+        let batch = RecordBatch::try_from_iter([("v", Arc::new(values) as ArrayRef)])?;
+        let source = batch.column(0).to_data().buffers()[0].as_ptr();
+        let mut sink = crate::output::OutputSink::new(batch.schema(), 100, 1 << 20, channel);
+        for _ in 0..2 {
+            sink.push(batch.clone())?;
+        }
+        sink.finish()?;
+        let (mut sizes, mut shared, mut got) = (Vec::new(), 0, Vec::new());
+        for (sent, bytes) in receiver.try_iter().collect::<Result<Vec<_>>>()? {
+            sizes.push(sent.num_rows());
+            let column = sent
+                .column(0)
+                .as_primitive::<arrow_array::types::Int64Type>();
+            let start = column.values().inner().as_ptr();
+            // A slice of the piece starts inside the piece's own values buffer.
+            shared += usize::from(start >= source && start < source.wrapping_add(250 * 8));
+            got.extend(column.values().iter().copied());
+            gate.release(bytes);
+        }
+        assert_eq!(sizes, vec![83, 83, 84, 83, 83, 84]);
+        assert_eq!(shared, 6, "every slice shares the piece's buffer");
+        let want: Vec<i64> = (0..250).chain(0..250).collect();
+        assert_eq!(got, want);
+        assert_eq!(pool.reserved(), 0);
+        Ok(())
+    }
+
     /// Matched pairs pushed a few at a time are gathered into whole batches of the
     /// batch size (the last one short) holding what `take` makes of them, and leave
     /// nothing reserved; rows wider than a batch's bytes make batches of fewer rows.

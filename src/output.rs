@@ -3,8 +3,9 @@
 //! Output rows are gathered column by column with Arrow's `take` kernel from index
 //! arrays (a null index makes a null value, which is how outer joins pad the side that
 //! did not match), never row by row. Gathered pieces are coalesced into batches of
-//! exactly the configured size (the last one of a worker may be smaller) before they
-//! are handed to the caller.
+//! the configured size before they are handed to the caller; a piece of half a batch
+//! or more is passed on as it is (cut into equal slices of at most a batch) rather
+//! than copied again, and a worker's last batch may be smaller.
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -429,13 +430,19 @@ impl OutputSink {
         self.channel.gate.reserve_assembling(bytes)?;
         self.assembled += bytes;
         self.assembled_rows += rows;
-        // Larger pieces bypass the coalescer; slice them to the batch size first.
+        // Pieces of half a batch or more bypass the coalescer. A larger piece is cut
+        // into equal slices of at most a batch, each then at least half of one: cut
+        // into full batches and a remainder, the remainder was copied into the
+        // coalescer, and again into the batch it completed (with wide rows, whose
+        // batches are a few thousand rows, about a third of all output rows).
+        let slices = rows.div_ceil(self.target_rows.max(1));
         let mut offset = 0;
-        while offset < rows {
-            let len = self.target_rows.min(rows - offset);
-            self.coalescer.push_batch(batch.slice(offset, len))?;
+        for k in 0..slices {
+            let end = rows * (k + 1) / slices;
+            self.coalescer
+                .push_batch(batch.slice(offset, end - offset))?;
             self.send_completed()?;
-            offset += len;
+            offset = end;
         }
         Ok(())
     }

@@ -290,6 +290,14 @@ pub struct SpillWriter {
     /// Those the current segment writes as `Int32`, and its schema.
     halved: Vec<usize>,
     segment_schema: SchemaRef,
+    /// Whether `segment_schema` equals `schema` (a batch of `schema` is then written
+    /// as it is).
+    segment_is_schema: bool,
+    /// The last batch schema found equal to `schema` without being its `Arc`: every
+    /// batch of a buffer comes in the same `Arc`, and comparing whole schemas (their
+    /// fields' metadata maps) for each batch was an eighth of the time of writing
+    /// small batches.
+    known: Option<SchemaRef>,
     path: PathBuf,
     rows: u64,
     batches: u64,
@@ -332,6 +340,8 @@ impl SpillWriter {
             options,
             sink,
             segment_schema: Arc::clone(&file_schema),
+            segment_is_schema: Arc::ptr_eq(&file_schema, &schema) || file_schema == schema,
+            known: None,
             schema,
             file_schema,
             halvable,
@@ -380,7 +390,8 @@ impl SpillWriter {
     pub fn write(&mut self, batch: &RecordBatch) -> Result<(), SpillError> {
         self.check_usable()?;
         let found = batch.schema_ref();
-        if !self.takes(found) {
+        let is_schema = self.is_schema(found);
+        if !is_schema && !self.takes(found) {
             return Err(SpillError::SchemaMismatch {
                 path: self.path.clone(),
                 expected: self.schema.clone(),
@@ -402,11 +413,17 @@ impl SpillWriter {
             return self.write(&batch.slice(half, batch.num_rows() - half));
         }
         let new_segment = self.new_segment(batch);
-        let segment_schema = match &new_segment {
-            Some(halved) => crate::narrow::segment_schema(&self.file_schema, halved),
-            None => Arc::clone(&self.segment_schema),
+        let (segment_schema, as_it_is) = match &new_segment {
+            Some(halved) => (
+                crate::narrow::segment_schema(&self.file_schema, halved),
+                None,
+            ),
+            None => (
+                Arc::clone(&self.segment_schema),
+                is_schema.then_some(self.segment_is_schema),
+            ),
         };
-        let batch = self.shaped(batch, &segment_schema)?;
+        let batch = self.shaped(batch, &segment_schema, as_it_is)?;
         // Whatever happens next may leave the encoder's dictionary tracker
         // ahead of the file; only success clears the flag again.
         self.failed = true;
@@ -475,6 +492,8 @@ impl SpillWriter {
 
     /// `batch` as it is written in `segment_schema`: narrowed unless it is in that
     /// schema already (a batch of the writer's schema is when nothing narrows).
+    /// `as_it_is`, when known, says whether it is (the batch is of the writer's
+    /// schema and the segment's is or is not that).
     ///
     /// # Errors
     /// [`SpillError::Arrow`] if a decimal does not fit in 64 bits (or arrow fails);
@@ -483,13 +502,16 @@ impl SpillWriter {
         &self,
         batch: &'b RecordBatch,
         segment_schema: &SchemaRef,
+        as_it_is: Option<bool>,
     ) -> Result<Cow<'b, RecordBatch>, SpillError> {
         let arrow_error = |source| SpillError::Arrow {
             path: self.path.clone(),
             source,
         };
         let found = batch.schema_ref();
-        if Arc::ptr_eq(segment_schema, found) || **found == **segment_schema {
+        let same = as_it_is
+            .unwrap_or_else(|| Arc::ptr_eq(segment_schema, found) || **found == **segment_schema);
+        if same {
             return Ok(Cow::Borrowed(batch));
         }
         // View columns become offsets here, with only their rows' bytes however many
@@ -517,6 +539,8 @@ impl SpillWriter {
             )?,
         );
         self.halved = halved;
+        self.segment_is_schema =
+            Arc::ptr_eq(&segment_schema, &self.schema) || segment_schema == self.schema;
         self.segment_schema = segment_schema;
         Ok(())
     }
@@ -550,6 +574,21 @@ impl SpillWriter {
 
     /// Whether a batch of schema `found` may be written: the writer's schema, its wide
     /// file schema, or a segment schema of it (some `Int64` columns as `Int32`).
+    /// Whether `found` is the writer's schema, remembering an equal `Arc` so that its
+    /// next batches are not compared again.
+    fn is_schema(&mut self, found: &SchemaRef) -> bool {
+        if Arc::ptr_eq(found, &self.schema)
+            || self.known.as_ref().is_some_and(|k| Arc::ptr_eq(k, found))
+        {
+            return true;
+        }
+        let equal = **found == *self.schema;
+        if equal {
+            self.known = Some(Arc::clone(found));
+        }
+        equal
+    }
+
     fn takes(&self, found: &SchemaRef) -> bool {
         let same = |schema: &SchemaRef| Arc::ptr_eq(found, schema) || **found == **schema;
         if same(&self.schema) || same(&self.file_schema) || same(&self.segment_schema) {

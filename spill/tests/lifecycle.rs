@@ -329,8 +329,15 @@ fn writing_a_batch_of_another_schema_is_refused() {
     ));
     // Nothing was written; the writer is still good.
     w.write(&batch(4)).unwrap();
+    // The writer remembers the equal schema of another `Arc` it just took: another
+    // schema is still refused after it, and the equal one still taken.
+    assert!(matches!(
+        w.write(&b),
+        Err(SpillError::SchemaMismatch { .. })
+    ));
+    w.write(&batch(4)).unwrap();
     let file = w.finish().unwrap();
-    assert_eq!(read_all(&file).unwrap(), vec![batch(4)]);
+    assert_eq!(read_all(&file).unwrap(), vec![batch(4), batch(4)]);
 }
 
 #[test]

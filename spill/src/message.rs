@@ -322,8 +322,10 @@ impl MessageSource {
         match self {
             Self::Buffered(b) => {
                 b.within_extent(len)?;
-                // `read_to_end` fills the spare capacity without zeroing it
-                // first; the capacity is exact, so it never reallocates.
+                // The capacity is exact, so `read_to_end` never reallocates. It zeroes
+                // the capacity before reading into it (std's `read_buf` is unstable);
+                // reading into it uninitialized with pread(2) made spilled pairs no
+                // faster (the first touch of fresh pages moves into the copy).
                 let mut bytes = Vec::with_capacity(len);
                 (&mut b.reader)
                     .take(len as u64)

@@ -152,7 +152,7 @@ pub(crate) fn work_rows_for(batch_size: usize, limit_bytes: usize, threads: usiz
 }
 
 /// The fewest rows the join processes at a time (unless the batch size is smaller,
-/// or the rows are so wide that fewer make a piece: [`JoinPlan::piece_rows`]).
+/// or the rows are so wide that fewer make a piece: [`JoinPlan::piece_rows_of`]).
 pub(crate) const MIN_WORK_ROWS: usize = 1024;
 
 /// A piece of an input batch takes at most this share of a worker's part of the
@@ -178,19 +178,15 @@ impl JoinPlan {
         self.pool.limit().bytes() / (PIECE_SHARE * self.threads.max(1))
     }
 
-    /// The rows of `batch` joined at a time: [`work_rows`](Self::work_rows), or fewer
-    /// (at least one) when that many of its rows would take more than
-    /// [`piece_bytes`](Self::piece_bytes). [`MIN_WORK_ROWS`] narrow rows are a few
-    /// dozen KiB, but a thousand rows of 8 KiB strings are 8 MiB a piece, several
-    /// times over per worker: without this, the floor of a join of wide rows grew
-    /// with `threads × MIN_WORK_ROWS × row width` instead of with its batches.
-    pub(crate) fn piece_rows(&self, batch: &RecordBatch) -> usize {
-        self.piece_rows_of(batch.num_rows(), crate::batches::batch_bytes(batch))
-    }
-
-    /// [`piece_rows`](Self::piece_rows) of a batch of `rows` rows and `bytes` bytes
+    /// The rows of a batch of `rows` rows and `bytes` bytes
     /// ([`crate::batches::batch_bytes`], a pass over a view column's views: measured
-    /// once by callers that need it too).
+    /// once by callers that need it too) joined at a time:
+    /// [`work_rows`](Self::work_rows), or fewer (at least one) when that many of its
+    /// rows would take more than [`piece_bytes`](Self::piece_bytes). [`MIN_WORK_ROWS`]
+    /// narrow rows are a few dozen KiB, but a thousand rows of 8 KiB strings are 8 MiB
+    /// a piece, several times over per worker: without this, the floor of a join of
+    /// wide rows grew with `threads × MIN_WORK_ROWS × row width` instead of with its
+    /// batches.
     pub(crate) fn piece_rows_of(&self, rows: usize, bytes: usize) -> usize {
         if rows == 0 {
             return self.work_rows;

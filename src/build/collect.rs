@@ -485,7 +485,7 @@ impl CollectorState {
 /// are spilled, and fewer small blocks for the allocator to keep when they are freed
 /// (a lower peak RSS where the input comes in large batches).
 /// Returns the piece's rows and the bytes a piece may take; a piece of more rows than
-/// [`JoinPlan::piece_rows`] that takes more (wide rows bunched together) is cut to
+/// [`JoinPlan::piece_rows_of`] that takes more (wide rows bunched together) is cut to
 /// that many rows.
 fn build_piece_size(plan: &JoinPlan, batch: &RecordBatch) -> (usize, usize) {
     let rows = batch.num_rows();

@@ -190,9 +190,17 @@ fn probe_input_batch(
             .probe_rows
             .fetch_add(batch.num_rows() as u64, Ordering::Relaxed);
     }
-    // (Each piece reserved while it is probed; the input batch itself is not.)
-    for (piece, hashes) in pieces(&batch, hashes.as_ref(), plan.piece_rows(&batch)) {
-        let bytes = batch_bytes(&piece);
+    // (Each piece reserved while it is probed; the input batch itself is not.) A
+    // batch of one piece is measured once: a view column's measure is a pass over
+    // its views.
+    let whole_bytes = batch_bytes(&batch);
+    let piece_rows = plan.piece_rows_of(batch.num_rows(), whole_bytes);
+    for (piece, hashes) in pieces(&batch, hashes.as_ref(), piece_rows) {
+        let bytes = if piece.num_rows() == batch.num_rows() {
+            whole_bytes
+        } else {
+            batch_bytes(&piece)
+        };
         state.reserve(ctx, reservation, bytes)?;
         prober.probe(&piece, hashes.as_deref(), sink)?;
         reservation.shrink(bytes);

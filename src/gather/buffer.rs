@@ -217,6 +217,14 @@ impl GatherBuffer {
         self.columns.iter().map(Column::data_bytes).sum()
     }
 
+    /// The bytes of the rows held, as [`crate::batches::batch_bytes`] counts the batch
+    /// they make (fixed widths, variable-width data, a validity bitmap a column)
+    /// without its pass over a view column's views.
+    pub fn bytes(&self) -> usize {
+        let validity = self.len.div_ceil(8) * self.columns.len();
+        self.len * self.row_bytes() + self.data_bytes() + validity
+    }
+
     /// Allocates the buffers, when they are next empty, for `rows` rows at once (the
     /// rows a batch that was written when full held), rather than growing them from
     /// nothing; [`capacity_after`](Self::capacity_after) counts that.

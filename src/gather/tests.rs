@@ -424,7 +424,16 @@ fn gathers_every_layout_as_take_and_concat_would() -> TestResult {
             rows.held()
         );
     }
+    // The buffers' count of their rows' bytes (what the output sends batches with)
+    // is the measure of the batch they make, within its per-column overhead.
+    let counted = rows.bytes();
     let got = rows.finish()?;
+    let measured = crate::batches::batch_bytes(&got);
+    let slack = 64 * got.num_columns();
+    assert!(
+        counted.abs_diff(measured) <= slack,
+        "counted {counted} bytes, the batch measures {measured}"
+    );
     for (i, column) in got.columns().iter().enumerate() {
         let parts: Vec<ArrayRef> = picks
             .iter()

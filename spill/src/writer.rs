@@ -572,8 +572,6 @@ impl SpillWriter {
         manager.batches_written.fetch_add(1, Ordering::Relaxed);
     }
 
-    /// Whether a batch of schema `found` may be written: the writer's schema, its wide
-    /// file schema, or a segment schema of it (some `Int64` columns as `Int32`).
     /// Whether `found` is the writer's schema, remembering an equal `Arc` so that its
     /// next batches are not compared again.
     fn is_schema(&mut self, found: &SchemaRef) -> bool {
@@ -589,6 +587,8 @@ impl SpillWriter {
         equal
     }
 
+    /// Whether a batch of schema `found` may be written: the writer's schema, its wide
+    /// file schema, or a segment schema of it (some `Int64` columns as `Int32`).
     fn takes(&self, found: &SchemaRef) -> bool {
         let same = |schema: &SchemaRef| Arc::ptr_eq(found, schema) || **found == **schema;
         if same(&self.schema) || same(&self.file_schema) || same(&self.segment_schema) {

@@ -334,7 +334,7 @@ pub(crate) fn write_counted(
 }
 
 /// What writes to one side's spill files add to: its rows, bytes and batches
-/// ([`crate::exec::SharedMetrics::spill_counters`]).
+/// ([`crate::context::SharedMetrics::spill_counters`]).
 pub(crate) struct SpillCounters<'a> {
     pub rows: &'a AtomicU64,
     pub bytes: &'a AtomicU64,

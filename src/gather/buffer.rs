@@ -217,7 +217,7 @@ impl GatherBuffer {
         self.columns.iter().map(Column::data_bytes).sum()
     }
 
-    /// The bytes of the rows held, as [`crate::batches::batch_bytes`] counts the batch
+    /// The bytes of the rows held, as `crate::batches::batch_bytes` counts the batch
     /// they make (fixed widths, variable-width data, a validity bitmap a column)
     /// without its pass over a view column's views.
     pub fn bytes(&self) -> usize {

@@ -209,7 +209,7 @@ impl HashJoinBuilder {
     }
 
     /// How deep spilled pairs may be repartitioned (default and most:
-    /// [`MAX_DEPTH`](crate::MAX_DEPTH), which the hash bits bound). A spilled pair
+    /// [`MAX_DEPTH`], which the hash bits bound). A spilled pair
     /// still too big at this depth is joined by the chunked fallback; 0 sends every
     /// spilled pair of level 0 there. Fewer levels write each spilled byte fewer
     /// times but read the probe file once per chunk of the build file; the output
@@ -253,7 +253,7 @@ impl HashJoinBuilder {
 
     /// Applies [`with_force_spill`](Self::with_force_spill)'s fraction also to the
     /// levels that join spilled pairs, down to this depth (0: level 0 only; at most
-    /// [`MAX_DEPTH`](crate::MAX_DEPTH) counts). Forced with the fraction 1 at depth 1
+    /// [`MAX_DEPTH`] counts). Forced with the fraction 1 at depth 1
     /// and more, every spilled pair is repartitioned instead of joined in memory,
     /// and a pair whose next level has a single partition ends in the chunked
     /// fallback: the recursion and fallback paths then run on small inputs too

@@ -42,7 +42,7 @@ pub const SMALL_BUILD_ROWS: u64 = 1 << 16;
 /// on TPC-H joins (partitions of orders and of `NOT IN`'s one-column lineitem keys):
 /// it lies between the limit-over-need ratios of those that went two levels deep
 /// and of those that stayed in one. The need must also fit beside the probe's
-/// headroom one level down ([`ProbeShape::workers_headroom`], for probe batches
+/// headroom one level down (`ProbeShape::workers_headroom`, for probe batches
 /// taken as wide as build rows): negligible for narrow rows, up to half the limit
 /// for wide ones (SF1 orders with every column under 5%: 32 partitions passed the
 /// slack and were each split again one level down; 64 are joined in one).

@@ -1,5 +1,5 @@
 //! What one execution takes from its `TaskContext`: the memory pool (through
-//! [`DataFusionPool`](crate::DataFusionPool)), the spill directory and temp-space
+//! [`DataFusionPool`]), the spill directory and temp-space
 //! limit of the runtime's `DiskManager`, the batch size, and the `spilljoin.*`
 //! settings; and the run that all partitions of a `CollectLeft` join share.
 

@@ -255,15 +255,16 @@ fn spilling_joins(plan: &Arc<dyn ExecutionPlan>) -> Vec<&SpilljoinExec> {
 /// (`EXPLAIN ANALYZE` showed no batches and no bytes): the rows, batches and bytes of
 /// the batches its streams returned.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_join_reports_its_output_rows_batches_and_bytes() {
-    let dir = tempfile::tempdir().unwrap();
+async fn a_join_reports_its_output_rows_batches_and_bytes() -> Result<(), Box<dyn std::error::Error>>
+{
+    let dir = tempfile::tempdir()?;
     let s = session(true, unbounded(), dir.path(), false).await;
     let plan = plan(&s, "SELECT a.k, a.s, b.w FROM a JOIN b ON a.k = b.k").await;
-    let join = find_join(&plan).unwrap();
-    let out = collect(Arc::clone(&join), s.ctx.task_ctx()).await.unwrap();
+    let join = find_join(&plan).ok_or("no SpilljoinExec in the plan")?;
+    let out = collect(Arc::clone(&join), s.ctx.task_ctx()).await?;
     let rows: usize = out.iter().map(|b| b.num_rows()).sum();
     assert!(rows > 0);
-    let metrics = join.metrics().unwrap();
+    let metrics = join.metrics().ok_or("the join has no metrics")?;
     assert_eq!(metrics.output_rows(), Some(rows));
     // (Baseline metrics are summed by kind: `sum_by_name` skips them.)
     let named = |name: &str| {
@@ -277,6 +278,7 @@ async fn a_join_reports_its_output_rows_batches_and_bytes() {
         .map(datafusion::common::utils::memory::get_record_batch_memory_size)
         .sum();
     assert_eq!(named("output_bytes"), Some(bytes));
+    Ok(())
 }
 
 /// The first `SpilljoinExec` in `plan`, depth first.

@@ -43,28 +43,25 @@ async fn ctx(spill: bool, limit: Option<usize>) -> SessionContext {
 /// (`SET spilljoin.enabled = false`, no limit) answers, and `EXPLAIN ANALYZE` shows
 /// it spilled and what it output.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn smoke() {
+async fn smoke() -> datafusion::error::Result<()> {
     let c = ctx(true, Some(4 << 20)).await;
     let q = "SELECT count(*), sum(v), sum(w), max(s) FROM a JOIN b ON a.k = b.k";
     let text = |batches: &[datafusion::arrow::array::RecordBatch]| {
-        pretty_format_batches(batches).unwrap().to_string()
+        pretty_format_batches(batches).map(|t| t.to_string())
     };
-    let explain = c.sql(&format!("EXPLAIN {q}")).await.unwrap();
-    let explain = text(&explain.collect().await.unwrap());
+    let explain = text(&c.sql(&format!("EXPLAIN {q}")).await?.collect().await?)?;
     assert!(explain.contains("SpilljoinExec"), "{explain}");
-    let ours = text(&c.sql(q).await.unwrap().collect().await.unwrap());
+    let ours = text(&c.sql(q).await?.collect().await?)?;
     let stock_ctx = ctx(false, None).await;
     stock_ctx
         .sql("SET spilljoin.enabled = false")
-        .await
-        .unwrap()
+        .await?
         .collect()
-        .await
-        .unwrap();
-    let stock = text(&stock_ctx.sql(q).await.unwrap().collect().await.unwrap());
+        .await?;
+    let stock = text(&stock_ctx.sql(q).await?.collect().await?)?;
     assert_eq!(ours, stock);
-    let analyzed = c.sql(&format!("EXPLAIN ANALYZE {q}")).await.unwrap();
-    let analyzed = text(&analyzed.collect().await.unwrap());
+    let analyzed = c.sql(&format!("EXPLAIN ANALYZE {q}")).await?;
+    let analyzed = text(&analyzed.collect().await?)?;
     let join = analyzed
         .lines()
         .find(|l| l.contains("SpilljoinExec"))
@@ -77,4 +74,5 @@ async fn smoke() {
         join.contains("output_batches=") && !join.contains("output_batches=0"),
         "{join}"
     );
+    Ok(())
 }

@@ -301,9 +301,9 @@ fn root_dir_is_honoured_and_a_missing_root_is_a_typed_error() {
 }
 
 #[test]
-fn writing_a_batch_of_another_schema_is_refused() {
+fn writing_a_batch_of_another_schema_is_refused() -> Result<(), Box<dyn std::error::Error>> {
     let m = manager(SpillCompression::None, SpillReadMode::Buffered);
-    let mut w = m.create_writer(schema(), "s").unwrap();
+    let mut w = m.create_writer(schema(), "s")?;
     let other = all_types_batch(3, 1);
     match w.write(&other) {
         Err(SpillError::SchemaMismatch {
@@ -322,22 +322,23 @@ fn writing_a_batch_of_another_schema_is_refused() {
         Field::new("k", DataType::Int64, true),
         Field::new("v", DataType::Utf8, true),
     ]));
-    let b = RecordBatch::try_new(nullable, batch(2).columns().to_vec()).unwrap();
+    let b = RecordBatch::try_new(nullable, batch(2).columns().to_vec())?;
     assert!(matches!(
         w.write(&b),
         Err(SpillError::SchemaMismatch { .. })
     ));
     // Nothing was written; the writer is still good.
-    w.write(&batch(4)).unwrap();
+    w.write(&batch(4))?;
     // The writer remembers the equal schema of another `Arc` it just took: another
     // schema is still refused after it, and the equal one still taken.
     assert!(matches!(
         w.write(&b),
         Err(SpillError::SchemaMismatch { .. })
     ));
-    w.write(&batch(4)).unwrap();
-    let file = w.finish().unwrap();
-    assert_eq!(read_all(&file).unwrap(), vec![batch(4), batch(4)]);
+    w.write(&batch(4))?;
+    let file = w.finish()?;
+    assert_eq!(read_all(&file)?, vec![batch(4), batch(4)]);
+    Ok(())
 }
 
 #[test]

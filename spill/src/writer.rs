@@ -293,11 +293,11 @@ pub struct SpillWriter {
     /// Whether `segment_schema` equals `schema` (a batch of `schema` is then written
     /// as it is).
     segment_is_schema: bool,
-    /// The last batch schema found equal to `schema` without being its `Arc`: every
-    /// batch of a buffer comes in the same `Arc`, and comparing whole schemas (their
-    /// fields' metadata maps) for each batch was an eighth of the time of writing
-    /// small batches.
-    known: Option<SchemaRef>,
+    /// The last batch schema taken, and whether it is `schema`: every batch of a
+    /// buffer comes in the same `Arc`, and comparing whole schemas (their fields'
+    /// metadata maps) for each batch was an eighth of the time of writing small
+    /// batches.
+    known: Option<(SchemaRef, bool)>,
     path: PathBuf,
     rows: u64,
     batches: u64,
@@ -390,14 +390,13 @@ impl SpillWriter {
     pub fn write(&mut self, batch: &RecordBatch) -> Result<(), SpillError> {
         self.check_usable()?;
         let found = batch.schema_ref();
-        let is_schema = self.is_schema(found);
-        if !is_schema && !self.takes(found) {
+        let Some(is_schema) = self.accepts(found) else {
             return Err(SpillError::SchemaMismatch {
                 path: self.path.clone(),
                 expected: self.schema.clone(),
                 found: found.clone(),
             });
-        }
+        };
         // A view column is written as offsets (`crate::views`), which address 2 GiB
         // of values a batch: a batch of more is written in slices (only one value
         // of more cannot be, refused before anything is written).
@@ -572,26 +571,29 @@ impl SpillWriter {
         manager.batches_written.fetch_add(1, Ordering::Relaxed);
     }
 
-    /// Whether `found` is the writer's schema, remembering an equal `Arc` so that its
-    /// next batches are not compared again.
-    fn is_schema(&mut self, found: &SchemaRef) -> bool {
-        if Arc::ptr_eq(found, &self.schema)
-            || self.known.as_ref().is_some_and(|k| Arc::ptr_eq(k, found))
-        {
-            return true;
+    /// `Some` if a batch of schema `found` may be written ([`takes`](Self::takes)),
+    /// of whether it is the writer's own schema; the last `Arc` taken is remembered,
+    /// so that its next batches are not compared again.
+    fn accepts(&mut self, found: &SchemaRef) -> Option<bool> {
+        if let Some((known, is_schema)) = &self.known {
+            if Arc::ptr_eq(known, found) {
+                return Some(*is_schema);
+            }
         }
-        let equal = **found == *self.schema;
-        if equal {
-            self.known = Some(Arc::clone(found));
+        let is_schema = Arc::ptr_eq(found, &self.schema) || **found == *self.schema;
+        let taken = is_schema || self.takes(found);
+        if taken {
+            self.known = Some((Arc::clone(found), is_schema));
         }
-        equal
+        taken.then_some(is_schema)
     }
 
-    /// Whether a batch of schema `found` may be written: the writer's schema, its wide
-    /// file schema, or a segment schema of it (some `Int64` columns as `Int32`).
+    /// Whether a batch of schema `found`, not the writer's schema, may be written:
+    /// its wide file schema, or a segment schema of it (some `Int64` columns as
+    /// `Int32`).
     fn takes(&self, found: &SchemaRef) -> bool {
         let same = |schema: &SchemaRef| Arc::ptr_eq(found, schema) || **found == **schema;
-        if same(&self.schema) || same(&self.file_schema) || same(&self.segment_schema) {
+        if same(&self.file_schema) || same(&self.segment_schema) {
             return true;
         }
         let halved: Vec<usize> = self

@@ -239,6 +239,7 @@ fn view_of(value: &[u8], offset: u32) -> u128 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use arrow_array::{BinaryViewArray, StringViewArray};
 
     /// The view made with one load of 16 bytes is the one made from the value's own
     /// bytes, for every length up to past the inline limit, at every offset of a
@@ -255,7 +256,6 @@ mod tests {
             }
         }
     }
-    use arrow_array::{BinaryViewArray, StringViewArray};
 
     #[test]
     fn views_round_trip_through_offsets_with_nulls_and_slices() -> Result<(), ArrowError> {

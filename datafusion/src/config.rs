@@ -29,11 +29,15 @@ extensions_options! {
         pub force_spill_depth: u32, default = 0
         /// Replace a `CollectLeft` join whose output keeps its hash-partitioned
         /// probe's partitioning too: the build is prepared once and each output
-        /// partition probes it alone. Off by default: at TPC-H SF1 under a 16 MiB
-        /// fair pool it made Q7 run out of memory and Q5 stall (every engine thread
-        /// waiting for input, DataFusion's runtime idle), where these joins left to
-        /// `HashJoinExec` finish.
-        pub prepared_collect_left: bool, default = false
+        /// partition probes it alone. With `false` such joins stay `HashJoinExec`s,
+        /// which cannot spill (TPC-H SF10 Q2 under 16 MiB fails in one, joining
+        /// `supplier`).
+        pub prepared_collect_left: bool, default = true
+        /// Such a join whose build DataFusion's statistics put under this many bytes
+        /// stays a `HashJoinExec` all the same: a build of a few rows (TPC-H's
+        /// `nation` and `region`) never needs to spill, and preparing it cost TPC-H
+        /// SF1 Q5, Q7 and Q9 up to 30% of their time under 16 MiB. 0 replaces them all.
+        pub prepared_collect_left_min_bytes: usize, default = 1 << 20
         /// Worker threads of each join execution. 0: one per partition of a
         /// `Partitioned` join (DataFusion runs the partitions side by side), and
         /// `target_partitions` for a `CollectLeft` join, which runs once for all of

@@ -18,7 +18,7 @@
 //! - `CollectLeft` where it does (a hash- or range-partitioned probe, and a join
 //!   type that outputs probe rows only): the build is prepared once and each output
 //!   partition probes it with its own probe partition ([`crate::shared_build`]).
-//!   The rule makes these only with `spilljoin.prepared_collect_left` (see its docs).
+//!   The rule makes these unless `spilljoin.prepared_collect_left` is off.
 //!
 //! [`SpilljoinExec::try_new`] refuses joins with an output ordering (the engine does
 //! not keep the probe's order); the rule leaves them to `HashJoinExec`.

@@ -23,6 +23,7 @@ use datafusion::execution::session_state::SessionStateBuilder;
 use datafusion::physical_optimizer::optimizer::PhysicalOptimizer;
 use datafusion::physical_optimizer::PhysicalOptimizerRule;
 use datafusion::physical_plan::joins::HashJoinExec;
+use datafusion::physical_plan::statistics::{StatisticsArgs, StatisticsContext};
 use datafusion::physical_plan::ExecutionPlan;
 
 use crate::config::SpilljoinConfig;
@@ -56,7 +57,10 @@ impl PhysicalOptimizerRule for SpilljoinRule {
                 let Some(hash) = node.downcast_ref::<HashJoinExec>() else {
                     return Ok(Transformed::no(node));
                 };
-                if !settings.prepared_collect_left && keeps_probe_partitioning(hash) {
+                if keeps_probe_partitioning(hash)
+                    && (!settings.prepared_collect_left
+                        || build_is_under(hash, settings.prepared_collect_left_min_bytes))
+                {
                     return Ok(Transformed::no(node));
                 }
                 // The builder keeps every field of the node, its properties included.
@@ -92,6 +96,38 @@ fn spilling_joins(plan: &Arc<dyn ExecutionPlan>) -> Vec<&SpilljoinExec> {
     }
     joins
 }
+
+/// Whether DataFusion's statistics put `hash`'s build (left) input under `bytes`:
+/// its bytes, or else its rows at the widths of its columns (a variable-width value
+/// taken as [`VARIABLE_WIDTH_GUESS`] bytes; a filter above a scan leaves only rows).
+/// Unknown sizes are not under.
+fn build_is_under(hash: &HashJoinExec, bytes: usize) -> bool {
+    let build = hash.left();
+    let Ok(stats) = StatisticsContext::new().compute(build.as_ref(), &StatisticsArgs::new()) else {
+        return false;
+    };
+    if let Some(&size) = stats.total_byte_size.get_value() {
+        return size < bytes;
+    }
+    let row_bytes: usize = build
+        .schema()
+        .fields()
+        .iter()
+        .map(|f| {
+            f.data_type()
+                .primitive_width()
+                .unwrap_or(VARIABLE_WIDTH_GUESS)
+        })
+        .sum();
+    stats
+        .num_rows
+        .get_value()
+        .is_some_and(|&rows| rows.saturating_mul(row_bytes.max(1)) < bytes)
+}
+
+/// The bytes a value of a column of no fixed width is taken to hold when only a
+/// build's rows are known ([`build_is_under`]).
+const VARIABLE_WIDTH_GUESS: usize = 32;
 
 /// DataFusion's default physical optimizer rules with [`SpilljoinRule`] in its place
 /// (before the post-optimization filter pushdown).

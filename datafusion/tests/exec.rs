@@ -40,11 +40,12 @@ async fn session(rule: bool, pool: Arc<dyn MemoryPool>, dir: &Path, force: bool)
     if force {
         options.set("spilljoin.force_spill", "1").unwrap();
     }
-    // Joins whose output keeps the probe's partitioning are replaced too (off by
-    // default; `collect_left_keeps_the_probe_partitioning` tests it).
+    // Joins whose output keeps the probe's partitioning are replaced however small
+    // their build (`collect_left_keeps_the_probe_partitioning` tests them; the
+    // default size rule is `a_small_collect_left_build_stays_a_hash_join`).
     // (A registered option and a valid value: cannot fail.)
     options
-        .set("spilljoin.prepared_collect_left", "true")
+        .set("spilljoin.prepared_collect_left_min_bytes", "0")
         .unwrap();
     let disk = DiskManagerBuilder::default()
         .with_mode(DiskManagerMode::Directories(vec![dir.to_path_buf()]));
@@ -389,6 +390,34 @@ fn joins_spilled(plan: &Arc<dyn ExecutionPlan>) -> Vec<usize> {
         out.extend(joins_spilled(child));
     }
     out
+}
+
+/// Under the default `spilljoin.prepared_collect_left_min_bytes`, a `CollectLeft` join
+/// that keeps its probe's partitioning and whose build DataFusion's statistics put
+/// under 1 MiB stays a `HashJoinExec` (preparing a build of a few rows cost more
+/// than it could save); with 0 it is replaced.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_small_collect_left_build_stays_a_hash_join() -> datafusion::error::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let s = session(true, unbounded(), dir.path(), false).await;
+    let sql = "SELECT g.j, sum(g.n), count(c.t) FROM c JOIN \
+               (SELECT k % 400 AS j, count(*) AS n FROM a GROUP BY k % 400) g \
+               ON c.j = g.j GROUP BY g.j";
+    for set in [
+        "SET datafusion.optimizer.hash_join_single_partition_threshold = 1000000000000",
+        "SET datafusion.optimizer.hash_join_single_partition_threshold_rows = 1000000000000",
+    ] {
+        s.ctx.sql(set).await?.collect().await?;
+    }
+    let mut kept = Vec::new();
+    for min_bytes in ["1048576", "0"] {
+        let set = format!("SET spilljoin.prepared_collect_left_min_bytes = {min_bytes}");
+        s.ctx.sql(&set).await?.collect().await?;
+        let plan = plan(&s, sql).await;
+        kept.push(count_nodes(&plan, "HashJoinExec"));
+    }
+    assert_eq!(kept, vec![1, 0], "HashJoinExecs at 1 MiB and at 0");
+    Ok(())
 }
 
 /// A `CollectLeft` join whose output keeps its hash-partitioned probe's partitioning

@@ -61,12 +61,14 @@ impl Setup {
         }
     }
 
-    /// The same with the rule installed.
+    /// The same with the rule installed, replacing every `HashJoinExec` (those
+    /// `CollectLeft` joins with a small build too, which the default leaves).
     pub fn spilljoin() -> Self {
         Self {
             rule: true,
             ..Self::stock()
         }
+        .set("spilljoin.prepared_collect_left_min_bytes", "0")
     }
 
     /// Forces spilling: every build partition spills, and again two levels down.

@@ -312,35 +312,45 @@ mod tests {
         Ok(())
     }
 
-    /// Matched pairs pushed a few at a time are gathered into whole batches of the
-    /// batch size (the last one short) holding what `take` makes of them, and leave
-    /// nothing reserved; rows wider than a batch's bytes make batches of fewer rows.
-    #[test]
-    fn pairs_pushed_in_small_pieces_make_whole_batches_as_take_would() -> Result<()> {
-        use crate::output::{OutputLayout, OutputSink};
-        use arrow_array::{ArrayRef, Int64Array, StringArray, UInt32Array};
-        let text = (0..500).map(|i| "x".repeat(i % 50));
+    /// A probe of `p` (0, 1, ...) and the string column `s`, a build of `b` (the values
+    /// of `build`), and the layout of their inner join (build on the right).
+    fn pair_sides(
+        strings: arrow_array::ArrayRef,
+        build: std::ops::Range<i64>,
+    ) -> Result<(RecordBatch, RecordBatch, crate::output::OutputLayout)> {
+        use arrow_array::{ArrayRef, Int64Array};
+        let n = i64::try_from(strings.len()).unwrap_or(i64::MAX);
         let probe = RecordBatch::try_from_iter([
             (
                 "p",
-                Arc::new(Int64Array::from_iter_values(0..500)) as ArrayRef,
+                Arc::new(Int64Array::from_iter_values(0..n)) as ArrayRef,
             ),
-            (
-                "s",
-                Arc::new(StringArray::from_iter_values(text)) as ArrayRef,
-            ),
+            ("s", strings),
         ])?;
         let build = RecordBatch::try_from_iter([(
             "b",
-            Arc::new(Int64Array::from_iter_values(1000..1200)) as ArrayRef,
+            Arc::new(Int64Array::from_iter_values(build)) as ArrayRef,
         )])?;
-        let layout = OutputLayout::new(
+        let layout = crate::output::OutputLayout::new(
             crate::JoinType::Inner,
             crate::Side::Right,
             &probe.schema(),
             &build.schema(),
             None,
         )?;
+        Ok((probe, build, layout))
+    }
+
+    /// Matched pairs pushed a few at a time are gathered into whole batches of the
+    /// batch size (the last one short) holding what `take` makes of them, and leave
+    /// nothing reserved; rows wider than a batch's bytes make batches of fewer rows.
+    #[test]
+    fn pairs_pushed_in_small_pieces_make_whole_batches_as_take_would() -> Result<()> {
+        use crate::output::OutputSink;
+        use arrow_array::{ArrayRef, StringArray, UInt32Array};
+        let text = (0..500).map(|i| "x".repeat(i % 50));
+        let strings = Arc::new(StringArray::from_iter_values(text)) as ArrayRef;
+        let (probe, build, layout) = pair_sides(strings, 1000..1200)?;
         let (p, b): (Vec<u32>, Vec<u32>) =
             (0..1000u32).map(|k| ((k * 7) % 500, (k * 3) % 200)).unzip();
         let want = layout.gather(
@@ -393,31 +403,12 @@ mod tests {
     /// wait in the pair buffer: a taken view column shares the probe's strings.
     #[test]
     fn pieces_of_half_a_batch_of_wide_rows_are_taken_not_copied() -> Result<()> {
-        use crate::output::{OutputLayout, OutputSink};
-        use arrow_array::{cast::AsArray, ArrayRef, Int64Array, StringViewArray, UInt32Array};
+        use crate::output::OutputSink;
+        use arrow_array::{cast::AsArray, ArrayRef, StringViewArray, UInt32Array};
         let text = (0..300).map(|i| format!("{i:040}"));
-        let probe = RecordBatch::try_from_iter([
-            (
-                "p",
-                Arc::new(Int64Array::from_iter_values(0..300)) as ArrayRef,
-            ),
-            (
-                "s",
-                Arc::new(StringViewArray::from_iter_values(text)) as ArrayRef,
-            ),
-        ])?;
+        let views = Arc::new(StringViewArray::from_iter_values(text)) as ArrayRef;
+        let (probe, build, layout) = pair_sides(views, 1000..1100)?;
         let strings = probe.column(1).as_string_view().data_buffers()[0].clone();
-        let build = RecordBatch::try_from_iter([(
-            "b",
-            Arc::new(Int64Array::from_iter_values(1000..1100)) as ArrayRef,
-        )])?;
-        let layout = OutputLayout::new(
-            crate::JoinType::Inner,
-            crate::Side::Right,
-            &probe.schema(),
-            &build.schema(),
-            None,
-        )?;
         let pool: Arc<dyn MemoryPool> = Arc::new(GreedyMemoryPool::new(1 << 30));
         let (channel, receiver) = output_channel(64, &pool, Arc::new(AtomicBool::new(false)));
         let gate = Arc::clone(&channel.gate);

@@ -35,8 +35,9 @@ extensions_options! {
         pub prepared_collect_left: bool, default = true
         /// Such a join whose build DataFusion's statistics put under this many bytes
         /// stays a `HashJoinExec` all the same: a build of a few rows (TPC-H's
-        /// `nation` and `region`) never needs to spill, and preparing it cost TPC-H
-        /// SF1 Q5, Q7 and Q9 up to 30% of their time under 16 MiB. 0 replaces them all.
+        /// `nation` and `region`) never needs to spill, and preparing it costs more
+        /// than it saves (TPC-H SF1 Q5, Q7 and Q9 under 16 MiB took longer with
+        /// every such join replaced). 0 replaces them all.
         pub prepared_collect_left_min_bytes: usize, default = 1 << 20
         /// Worker threads of each join execution. 0: one per partition of a
         /// `Partitioned` join (DataFusion runs the partitions side by side), and
@@ -95,8 +96,17 @@ impl SpilljoinConfig {
 }
 
 /// Adds the `spilljoin` settings (with their defaults) to `config` unless it has them,
-/// and sets `datafusion.execution.max_spill_file_size_bytes` to
-/// [`REPARTITION_SPILL_FILE_BYTES`] if it is at DataFusion's default.
+/// and sets `datafusion.execution.max_spill_file_size_bytes` to 1 byte if it is at
+/// DataFusion's default, so that `RepartitionExec` closes a spill file after each
+/// batch. DataFusion 55.2's `RepartitionExec` can stop a query for good under a
+/// memory limit when two of its input tasks spill to one output partition at once
+/// (apache/datafusion#24883, fixed after 55.2 by #24891): its reader waits on the
+/// older of two open files for a batch that is in the newer one, while the writers
+/// wait for the reader. A file closed after each batch is never open and empty ahead
+/// of a newer one. (A join that holds most of the pool makes the repartitions around
+/// it spill: TPC-H SF10 Q18 through `spilljoin sql` under 64 MiB stopped so in half
+/// its runs; BENCHMARKS.md, SQL section.) The cost is a file per spilled batch of a
+/// repartition.
 pub fn with_spilljoin_config(mut config: SessionConfig) -> SessionConfig {
     if config
         .options()
@@ -117,17 +127,9 @@ pub fn with_spilljoin_config(mut config: SessionConfig) -> SessionConfig {
     config
 }
 
-/// The size at which `RepartitionExec` closes a spill file and starts another:
-/// after every batch. DataFusion 55.2's `RepartitionExec` can stop a query for good
-/// under a memory limit when two of its input tasks spill to one output partition at
-/// once (apache/datafusion#24883, fixed after 55.2 by #24891): its reader waits on the
-/// older of two open files for a batch that is in the newer one, while the writers
-/// wait for the reader. A file closed after each batch is never open and empty
-/// ahead of a newer one. Measured: TPC-H SF10 Q18 through `spilljoin sql` under
-/// 64 MiB (2 threads) stopped, every thread waiting for input and DataFusion's
-/// runtime idle, in 2 of 4 runs with the default (128 MiB) and in none of 25 with
-/// this. The cost is a file per spilled batch of a repartition.
-pub const REPARTITION_SPILL_FILE_BYTES: usize = 1;
+/// The size at which `RepartitionExec` closes a spill file and starts another
+/// ([`with_spilljoin_config`]): after every batch.
+pub(crate) const REPARTITION_SPILL_FILE_BYTES: usize = 1;
 
 #[cfg(test)]
 mod tests {

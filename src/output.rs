@@ -322,6 +322,8 @@ impl OutputSink {
         rows: (&[u32], &[u32]),
         start: usize,
     ) -> Result<usize> {
+        // Wide rows: as many as the last batch's rows say fit in a batch's bytes.
+        let batch_rows = self.batch_rows(self.pairs.as_ref().map_or(0, |p| p.row_bytes));
         let Some(pairs) = self.pairs.as_mut() else {
             return Err(JoinError::Internal("pairs without a pair buffer".into()));
         };
@@ -339,17 +341,12 @@ impl OutputSink {
                 .collect()
         };
         let held = pairs.rows.len();
-        let mut room = self.target_rows.saturating_sub(held).max(1);
-        if let Some(fit) = self.max_batch_bytes.checked_div(pairs.row_bytes) {
-            // Wide rows: as many as the last batch's rows say fit in a batch's bytes.
-            let fit = fit.saturating_sub(held);
-            if fit == 0 && held > 0 {
-                self.send_pairs()?;
-                return Ok(start);
-            }
-            room = room.min(fit.max(1));
+        let room = batch_rows.saturating_sub(held);
+        if room == 0 && held > 0 {
+            self.send_pairs()?;
+            return Ok(start);
         }
-        let mut end = (start + room).min(rows.0.len());
+        let mut end = (start + room.max(1)).min(rows.0.len());
         let mut growth = Growth::of_columns(&parts(end));
         if !pairs.rows.admits(&[], &growth) {
             self.send_pairs()?;

@@ -45,6 +45,7 @@ use datafusion::physical_plan::{ChildStats, StatisticsArgs};
 use futures::future::BoxFuture;
 use futures::{FutureExt, StreamExt, TryStreamExt};
 
+use crate::config::SpilljoinConfig;
 use crate::execution::{engine_join, Shared};
 use crate::metrics::Report;
 use crate::run::{Inputs, Run};
@@ -65,6 +66,9 @@ pub struct SpilljoinExec {
     /// How many join executions of the plan share the memory pool (see
     /// [`SpilljoinExec::set_pool_share`]).
     pool_share: AtomicUsize,
+    /// The `spilljoin.*` settings fixed when the plan was made (see
+    /// [`SpilljoinExec::with_settings`]); without them, the executing session's.
+    settings: Option<SpilljoinConfig>,
 }
 
 impl SpilljoinExec {
@@ -84,7 +88,28 @@ impl SpilljoinExec {
             shared: Arc::new(Mutex::new(Shared::default())),
             shared_build: Arc::new(Mutex::new(SharedBuild::default())),
             pool_share: AtomicUsize::new(1),
+            settings: None,
         })
+    }
+
+    /// Runs with `settings` rather than the `spilljoin.*` settings of the session
+    /// that executes it: [`SpilljoinRule`](crate::SpilljoinRule) fixes the planning
+    /// session's, so that a plan shipped to another process
+    /// ([`SpilljoinCodec`](crate::SpilljoinCodec)) runs as it was configured.
+    pub fn with_settings(mut self, settings: SpilljoinConfig) -> Self {
+        self.settings = Some(settings);
+        self
+    }
+
+    /// The settings fixed with [`with_settings`](Self::with_settings), if any.
+    pub fn settings(&self) -> Option<&SpilljoinConfig> {
+        self.settings.as_ref()
+    }
+
+    /// The settings fixed with [`with_settings`](Self::with_settings), else the
+    /// defaults.
+    pub(crate) fn settings_or_default(&self) -> SpilljoinConfig {
+        self.settings.clone().unwrap_or_default()
     }
 
     /// Plans each execution of this join for `1 / executions` of the memory pool's
@@ -124,8 +149,9 @@ impl SpilljoinExec {
     fn rewrap(&self, hash: HashJoinExec) -> Arc<dyn ExecutionPlan> {
         let hash = Arc::new(hash);
         match Self::try_new(Arc::clone(&hash)) {
-            Ok(exec) => {
+            Ok(mut exec) => {
                 exec.set_pool_share(self.pool_share());
+                exec.settings.clone_from(&self.settings);
                 Arc::new(exec)
             }
             Err(_) => hash,
@@ -331,13 +357,19 @@ impl SpilljoinExec {
         let definition = Arc::clone(&self.definition);
         let report = Report::new(&self.metrics, partition);
         let share = self.pool_share();
+        let settings = self.settings.clone();
         if hash.mode == PartitionMode::CollectLeft && keeps_probe_partitioning(&hash) {
             return self.probe_shared_build(partition, partitions, context, report);
         }
         let shared = Arc::clone(&self.shared);
         async move {
             let start = |inputs: Inputs, threads: usize| {
-                let join = engine_join(&definition, &context, partition, threads, share)?;
+                let join = engine_join(
+                    &definition,
+                    &context,
+                    (partition, threads, share),
+                    settings.as_ref(),
+                )?;
                 Run::start(Arc::clone(&definition), join, inputs, report)
             };
             match hash.mode {
@@ -380,6 +412,7 @@ impl SpilljoinExec {
         let hash = Arc::clone(&self.hash);
         let definition = Arc::clone(&self.definition);
         let share = self.pool_share();
+        let settings = self.settings.clone();
         let shared = Arc::clone(&self.shared_build);
         let metrics = self.metrics.clone();
         async move {
@@ -388,7 +421,12 @@ impl SpilljoinExec {
             let build_is_left = !definition.swapped;
             let threads = context.session_config().target_partitions();
             let start = || {
-                let join = engine_join(&definition, &context, partition, threads, share)?;
+                let join = engine_join(
+                    &definition,
+                    &context,
+                    (partition, threads, share),
+                    settings.as_ref(),
+                )?;
                 let input = hash.left().execute(0, Arc::clone(&context))?;
                 let report = Report::new(&metrics, partition);
                 let definition = Arc::clone(&definition);
@@ -396,7 +434,12 @@ impl SpilljoinExec {
             };
             let build = attach_build(&shared, partition, partitions, start)?;
             let prepared = build.prepared().await?;
-            let join = engine_join(&definition, &context, partition, 1, share)?;
+            let join = engine_join(
+                &definition,
+                &context,
+                (partition, 1, share),
+                settings.as_ref(),
+            )?;
             let probe = hash.right().execute(partition, Arc::clone(&context))?;
             let probe_is_left = !build_is_left;
             Run::start_probe(

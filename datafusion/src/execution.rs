@@ -18,19 +18,23 @@ use crate::run::Run;
 use crate::translate::Definition;
 use crate::DataFusionPool;
 
-/// The engine's join for one execution of `definition` in `context`, planned for
-/// `1 / pool_share` of the pool's limit.
+/// The engine's join for one execution (`partition`, run on `default_threads`
+/// unless the settings say otherwise) of `definition` in `context`, planned for
+/// `1 / pool_share` of the pool's limit, with `fixed` settings or else the
+/// session's.
 ///
 /// # Errors
 /// A `spilljoin.*` setting out of range; the spill directory cannot be created.
 pub(crate) fn engine_join(
     definition: &Definition,
     context: &TaskContext,
-    partition: usize,
-    default_threads: usize,
-    pool_share: usize,
+    (partition, default_threads, pool_share): (usize, usize, usize),
+    fixed: Option<&SpilljoinConfig>,
 ) -> Result<HashJoin> {
-    let settings = SpilljoinConfig::from_session(context.session_config().options());
+    let settings = match fixed {
+        Some(settings) => settings.clone(),
+        None => SpilljoinConfig::from_session(context.session_config().options()),
+    };
     settings.validate()?;
     let pool = Arc::new(
         DataFusionPool::new(format!("SpilljoinExec[{partition}]"), context.memory_pool())

@@ -13,6 +13,8 @@
 //!   aggregates and every join of a plan share the session's limit; spill files go
 //!   under the runtime's `DiskManager` directory and within its temp-space limit.
 //! - [`SpilljoinConfig`]: the `spilljoin.*` settings (`SET spilljoin.enabled = false`).
+//! - [`SpilljoinCodec`]: a `datafusion-proto` codec for plans that contain the
+//!   join, for engines that ship plans to other processes (Ballista).
 //!
 //! ```no_run
 //! use datafusion::execution::session_state::SessionStateBuilder;
@@ -26,6 +28,7 @@
 //! ```
 #![warn(missing_docs)]
 
+mod codec;
 mod config;
 mod error;
 mod exec;
@@ -37,6 +40,7 @@ mod run;
 mod shared_build;
 mod translate;
 
+pub use codec::SpilljoinCodec;
 pub use config::{with_spilljoin_config, SpilljoinConfig};
 pub use exec::SpilljoinExec;
 pub use memory::DataFusionPool;

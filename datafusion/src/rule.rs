@@ -66,7 +66,10 @@ impl PhysicalOptimizerRule for SpilljoinRule {
                 // The builder keeps every field of the node, its properties included.
                 let hash = Arc::new(hash.builder().build()?);
                 Ok(match SpilljoinExec::try_new(hash) {
-                    Ok(exec) => Transformed::yes(Arc::new(exec) as Arc<dyn ExecutionPlan>),
+                    Ok(exec) => {
+                        Transformed::yes(Arc::new(exec.with_settings(settings.clone()))
+                            as Arc<dyn ExecutionPlan>)
+                    }
                     Err(_) => Transformed::no(node),
                 })
             })

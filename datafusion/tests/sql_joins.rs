@@ -18,8 +18,17 @@
 mod common;
 
 use std::collections::BTreeSet;
+use std::sync::Arc;
 
-use common::{difference, explain, random_table, run, Keys, Outcome, Setup, Table};
+use common::{
+    canonical_rows, difference, explain, random_table, run, Joins, Keys, Outcome, Setup, Table,
+};
+use datafusion::physical_plan::{collect, ExecutionPlan};
+use datafusion_proto::bytes::{
+    physical_plan_from_bytes_with_extension_codec, physical_plan_to_bytes_with_extension_codec,
+};
+use datafusion_proto::physical_plan::DefaultPhysicalExtensionCodec;
+use spilljoin_datafusion::{SpilljoinCodec, SpilljoinExec};
 
 /// What the reference's answer must look like, so that no case passes on an empty
 /// answer by accident.
@@ -542,4 +551,105 @@ async fn empty_inputs() {
         }
     }
     assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+}
+
+/// Every case, planned with forced spilling in both partition modes, encoded with
+/// `SpilljoinCodec` (composed with DataFusion's default codec) and decoded in a
+/// stock session (no rule, no `spilljoin` settings), as a distributed engine's
+/// executor would: the same joins with the planner's settings and pool share, and
+/// the reference's answers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_case_round_trips_through_the_codec() {
+    let tables = tables();
+    let executor = Setup::stock().context(&tables);
+    let codec = SpilljoinCodec::composed_with(Arc::new(DefaultPhysicalExtensionCodec {}));
+    let mut wrong = Vec::new();
+    for mode in [Mode::CollectLeft, Mode::Partitioned] {
+        let planner = mode
+            .setup(Setup::spilljoin().force_spill())
+            .context(&tables);
+        for case in CASES {
+            let want = run(&executor, case.sql).await.unwrap();
+            let plan = planner.sql(case.sql).await.unwrap();
+            let plan = plan.create_physical_plan().await.unwrap();
+            let bytes =
+                physical_plan_to_bytes_with_extension_codec(Arc::clone(&plan), codec.as_ref())
+                    .unwrap();
+            let decoded = physical_plan_from_bytes_with_extension_codec(
+                &bytes,
+                &executor.task_ctx(),
+                codec.as_ref(),
+            )
+            .unwrap();
+            let (before, after) = (Joins::of(&plan), Joins::of(&decoded));
+            let name = format!("{} ({mode:?})", case.name);
+            if before.spilljoin.is_empty() || before.spilljoin != after.spilljoin {
+                wrong.push(format!("{name}: joins {before:#?} decoded as {after:#?}"));
+            }
+            for (was, is) in spilling_joins(&plan).iter().zip(spilling_joins(&decoded)) {
+                let forced = is.settings().map(|s| (s.force_spill, s.force_spill_depth));
+                if forced != Some((1.0, 2)) || is.pool_share() != was.pool_share() {
+                    wrong.push(format!(
+                        "{name}: settings {forced:?}, share {}",
+                        is.pool_share()
+                    ));
+                }
+            }
+            match collect(decoded, executor.task_ctx()).await {
+                Ok(batches) => {
+                    let got = canonical_rows(&batches);
+                    wrong.extend(
+                        difference(&want.rows, &got, false).map(|d| format!("{name}: {d}")),
+                    );
+                }
+                Err(e) => wrong.push(format!("{name}: the decoded plan failed: {e}")),
+            }
+        }
+    }
+    assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+}
+
+/// The `SpilljoinExec`s of `plan`, top down.
+fn spilling_joins(plan: &Arc<dyn ExecutionPlan>) -> Vec<&SpilljoinExec> {
+    let mut joins: Vec<&SpilljoinExec> = plan.downcast_ref::<SpilljoinExec>().into_iter().collect();
+    for child in plan.children() {
+        joins.extend(spilling_joins(child));
+    }
+    joins
+}
+
+/// What is not an encoded `SpilljoinExec` (another node's bytes, a cut-off or
+/// altered encoding) is refused with an error when decoded.
+#[tokio::test]
+async fn the_codec_refuses_what_it_did_not_encode() {
+    use datafusion_proto::physical_plan::{DefaultPhysicalProtoConverter, PhysicalExtensionCodec};
+    let tables = tables();
+    let ctx = Mode::Partitioned.setup(Setup::spilljoin()).context(&tables);
+    let plan = ctx.sql(CASES[0].sql).await.unwrap();
+    let plan = plan.create_physical_plan().await.unwrap();
+    let join = spilling_joins(&plan)[0];
+    let inputs: Vec<Arc<dyn ExecutionPlan>> = join.children().into_iter().cloned().collect();
+    let converter = DefaultPhysicalProtoConverter {};
+    let mut encoded = Vec::new();
+    let node: Arc<dyn ExecutionPlan> =
+        Arc::new(SpilljoinExec::try_new(Arc::clone(join.hash_join())).unwrap());
+    SpilljoinCodec
+        .try_encode(node, &mut encoded, &converter)
+        .unwrap();
+    let decode = |buf: &[u8]| SpilljoinCodec.try_decode(buf, &inputs, &ctx.task_ctx(), &converter);
+    assert!(decode(&encoded).is_ok());
+    for cut in [0, 4, 8, 11, 12, 20, encoded.len() - 1] {
+        assert!(
+            decode(&encoded[..cut]).is_err(),
+            "cut at {cut} of {}",
+            encoded.len()
+        );
+    }
+    let mut altered = encoded.clone();
+    altered[0] = b'X';
+    assert!(decode(&altered).is_err());
+    let other = Arc::clone(&inputs[0]);
+    assert!(SpilljoinCodec
+        .try_encode(other, &mut Vec::new(), &converter)
+        .is_err());
 }

@@ -22,6 +22,8 @@
 //!   spill share what is left equally, so one spilling operator cannot starve another.
 //! - [`TrackConsumersPool`]: a decorator that remembers what each consumer holds and,
 //!   when a reservation fails, names the largest consumers in the error.
+//! - [`PoolShare`]: one of several joins run side by side on one pool (the partitions
+//!   of a shuffle), planning for its part of the limit.
 //!
 //! The default limit for a process that was not given one is
 //! [`default_memory_limit_bytes`]: a fraction of the memory the machine (or its cgroup)
@@ -48,10 +50,12 @@ mod consumer;
 mod error;
 mod limit;
 mod pool;
+mod share;
 mod track;
 
 pub use consumer::{MemoryConsumer, MemoryReservation};
 pub use error::{ConsumerUsage, MemoryError};
 pub use limit::{default_memory_limit_bytes, DEFAULT_MEMORY_FRACTION};
 pub use pool::{FairSpillPool, GreedyMemoryPool, MemoryLimit, MemoryPool, UnboundedMemoryPool};
+pub use share::PoolShare;
 pub use track::TrackConsumersPool;

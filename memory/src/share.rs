@@ -14,8 +14,7 @@
 //! than its share while the pool has room made the joins that started later fail.
 //! A build that came first kept its whole partition in memory, and the next join
 //! could not reserve its probe's headroom even after spilling everything it had
-//! (`tests/partitions.rs`, 5 runs of 12 with builds held to the share and working
-//! sets let past it).
+//! (`tests/partitions.rs` failed so).
 
 use std::fmt;
 use std::sync::atomic::{AtomicUsize, Ordering};

@@ -181,20 +181,25 @@ fn spilled_join(
     depth: u32,
     limit: Option<usize>,
 ) -> (Vec<String>, JoinMetrics) {
-    spilled_join_on(left, right, join_type, depth, limit, 2)
+    spilled_join_io(left, right, join_type, depth, limit, 2, false)
 }
 
-/// [`spilled_join`] on `threads` threads.
-fn spilled_join_on(
+/// [`spilled_join`] on `threads` threads, its spill files written and read with
+/// direct I/O if `direct`.
+fn spilled_join_io(
     left: &[RecordBatch],
     right: &[RecordBatch],
     join_type: JoinType,
     depth: u32,
     limit: Option<usize>,
     threads: usize,
+    direct: bool,
 ) -> (Vec<String>, JoinMetrics) {
     let root = tempfile::tempdir().unwrap();
-    let spill = SpillManager::new(SpillConfig::default().with_root_dir(root.path())).unwrap();
+    let config = SpillConfig::default()
+        .with_root_dir(root.path())
+        .with_direct_io(direct);
+    let spill = SpillManager::new(config).unwrap();
     let pool: Arc<dyn MemoryPool> = match limit {
         // (Tracked, so that a failure names what held the memory.)
         Some(limit) => Arc::new(TrackConsumersPool::new(
@@ -321,6 +326,31 @@ fn string_rows_spilled_under_a_limit_cost_their_own_bytes() {
     }
 }
 
+/// With direct I/O the same answers and the same bytes: under limits and with
+/// every partition spilled down to depth 2, on one and two threads.
+#[test]
+fn string_rows_spilled_with_direct_io_are_exact() {
+    let (seed, mut rng) = rng_for(74);
+    let (left, right) = (side(&mut rng, "l"), side(&mut rng, "r"));
+    let (l, r) = (
+        batches(&mut rng, &left, Shape::Taken),
+        batches(&mut rng, &right, Shape::Sliced),
+    );
+    let cases = [
+        (JoinType::Inner, 0, Some(1 << 20), 2),
+        (JoinType::Full, 0, Some(3 << 19), 1),
+        (JoinType::LeftSemi, 2, None, 2),
+        (JoinType::RightAnti, 1, None, 1),
+    ];
+    for (join_type, depth, limit, threads) in cases {
+        let context = format!("{join_type} depth {depth} limit {limit:?} (seed {seed})");
+        let expected = expected(&left, &right, join_type);
+        let (output, m) = spilled_join_io(&l, &r, join_type, depth, limit, threads, true);
+        assert!(output == expected, "wrong answer: {context}: {m:?}");
+        check_bytes(&m, per_row(&right), per_row(&left), &context);
+    }
+}
+
 /// A side without its dictionary column: rows a spilled pair counts as they read back
 /// (an uncompressed file, one word key), so that a pair that fits is joined in one
 /// table, one level of one partition.
@@ -366,7 +396,7 @@ fn string_pairs_joined_in_one_table_are_exact_when_their_level_spills() {
             JoinType::Right,
         ] {
             let context = format!("{join_type} {threads} threads (seed {seed})");
-            let (output, m) = spilled_join_on(&l, &r, join_type, 1, None, threads);
+            let (output, m) = spilled_join_io(&l, &r, join_type, 1, None, threads, false);
             assert!(
                 output == expected(&left, &right, join_type),
                 "wrong answer: {context}: {m:?}"
@@ -388,7 +418,7 @@ fn string_pairs_under_a_limit_are_exact_and_not_joined_in_chunks() {
     for threads in [2, 4] {
         for (join_type, limit) in [(JoinType::Inner, 1 << 20), (JoinType::Left, 3 << 19)] {
             let context = format!("{join_type} {threads} threads, limit {limit} (seed {seed})");
-            let (output, m) = spilled_join_on(&l, &r, join_type, 0, Some(limit), threads);
+            let (output, m) = spilled_join_io(&l, &r, join_type, 0, Some(limit), threads, false);
             assert!(
                 output == expected(&left, &right, join_type),
                 "wrong answer: {context}: {m:?}"

@@ -68,8 +68,8 @@ spilljoin join: the flags, in short (`spilljoin join --help` explains each):
            [--pushdown none|bounds|all] [--explain]
   output   [--output PATH|-] [--output-format F] [--compression C]
   running  [--memory-limit SIZE] [--spill-dir DIR] [--spill-compression none|lz4|zstd]
-           [--max-spill-size SIZE] [--max-depth N] [--threads N] [--batch-size N]
-           [--metrics PATH] [-q]
+           [--spill-direct-io] [--max-spill-size SIZE] [--max-depth N] [--threads N]
+           [--batch-size N] [--metrics PATH] [-q]
 
 spilljoin sql [--table NAME=PATH]... [running and output flags as above]
   [--explain | --explain-analyze] (QUERY | --file FILE): SQL over files with
@@ -126,6 +126,12 @@ pub struct RunArgs {
     /// the disk for strings) or zstd (smallest).
     #[arg(long, default_value = "none", value_parser = parse_spill_compression, value_name = "CODEC")]
     pub spill_compression: SpillCompression,
+    /// Write and read spill files with direct I/O (O_DIRECT, Linux), past the page
+    /// cache: faster on virtual machines where fresh page-cache pages are slow to
+    /// fill, slower where the spill would have stayed in the page cache (see
+    /// BENCHMARKS.md, "Direct I/O").
+    #[arg(long)]
+    pub spill_direct_io: bool,
     /// The most disk all spill files may take at once, e.g. 50GiB; a join (or query)
     /// that needs more stops with exit code 6 [default: unlimited].
     #[arg(long, value_parser = parse_size, value_name = "SIZE")]

@@ -418,11 +418,12 @@ fn output_schema(
 }
 
 /// Where and how the join spills (`--spill-dir`, `--spill-compression`,
-/// `--max-spill-size`).
+/// `--spill-direct-io`, `--max-spill-size`).
 fn spill_config(run: &RunArgs) -> SpillConfig {
     SpillConfig {
         root_dir: run.spill_dir.clone(),
         compression: run.spill_compression,
+        direct_io: run.spill_direct_io,
         disk_quota_bytes: run.max_spill_size,
         ..SpillConfig::default()
     }

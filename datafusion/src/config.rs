@@ -21,6 +21,10 @@ extensions_options! {
         pub max_depth: u32, default = spilljoin::MAX_DEPTH
         /// Compression of spill files: `none`, `lz4` or `zstd`.
         pub spill_compression: String, default = "lz4".to_owned()
+        /// Write and read the joins' spill files with direct I/O (`O_DIRECT`, Linux),
+        /// past the page cache (`SpillConfig::direct_io`). DataFusion's own spill
+        /// files stay buffered.
+        pub spill_direct_io: bool, default = false
         /// Spill this fraction (0 to 1) of the build partitions whatever the memory
         /// (tests: the spilling code runs on small inputs). 0 turns it off.
         pub force_spill: f64, default = 0.0

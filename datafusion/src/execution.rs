@@ -82,6 +82,7 @@ fn spill_manager(context: &TaskContext, settings: &SpilljoinConfig) -> Result<Sp
     let config = SpillConfig::default()
         .with_root_dir(root)
         .with_compression(settings.compression()?)
+        .with_direct_io(settings.spill_direct_io)
         .with_disk_quota_bytes(quota);
     SpillManager::new(config).map_err(|e| DataFusionError::External(Box::new(e)))
 }

@@ -163,6 +163,17 @@ pub struct SpillConfig {
     pub disk_quota_bytes: Option<u64>,
     /// How files are read back.
     pub read_mode: SpillReadMode,
+    /// Whether files are written and read with direct I/O (`O_DIRECT`, Linux),
+    /// past the page cache, where the file system takes it. Off by default: a
+    /// spill that fits the page cache is read back from memory when buffered,
+    /// from the disk when direct. On virtual machines whose host takes back the
+    /// guest's free memory, buffered writes are slowed by the host's faults on
+    /// fresh page-cache pages, and direct I/O paid (BENCHMARKS.md, "Direct I/O").
+    /// A writer takes a 1 MiB block-aligned buffer while it writes a message, an
+    /// open reader four (the run it reads from and three read ahead), from a pool of
+    /// at most ten idle ones; none of them is reserved in the join's memory pool.
+    /// Reads in [`SpillReadMode::Mmap`] go through the page cache all the same.
+    pub direct_io: bool,
     /// Faults to inject into the manager's files (tests; feature `fault-injection`).
     #[cfg(feature = "fault-injection")]
     pub faults: Option<crate::FaultPlan>,
@@ -190,6 +201,12 @@ impl SpillConfig {
     /// Sets [`SpillConfig::read_mode`].
     pub fn with_read_mode(mut self, read_mode: SpillReadMode) -> Self {
         self.read_mode = read_mode;
+        self
+    }
+
+    /// Sets [`SpillConfig::direct_io`].
+    pub fn with_direct_io(mut self, direct_io: bool) -> Self {
+        self.direct_io = direct_io;
         self
     }
 
@@ -241,7 +258,9 @@ mod tests {
             .with_root_dir("/x")
             .with_compression(SpillCompression::Zstd)
             .with_disk_quota_bytes(5)
-            .with_read_mode(SpillReadMode::Mmap);
+            .with_read_mode(SpillReadMode::Mmap)
+            .with_direct_io(true);
+        assert!(c.direct_io);
         assert_eq!(c.root_dir.as_deref(), Some(std::path::Path::new("/x")));
         assert_eq!(c.compression, SpillCompression::Zstd);
         assert_eq!(c.disk_quota_bytes, Some(5));

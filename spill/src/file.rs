@@ -9,6 +9,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use arrow_schema::SchemaRef;
 
 use crate::checksum::Written;
+use crate::direct::DirectTail;
 use crate::error::SpillError;
 use crate::manager::ManagerInner;
 use crate::quota::QuotaDenied;
@@ -28,17 +29,26 @@ pub(crate) struct FileGuard {
     manager: Arc<ManagerInner>,
     /// Bytes reserved in the quota for this file: everything written so far.
     bytes: u64,
+    /// Whether the file was opened with direct I/O (`crate::direct`).
+    direct: bool,
 }
 
 impl FileGuard {
-    /// Takes ownership of the file just created at `path`.
-    pub(crate) fn new(manager: Arc<ManagerInner>, path: PathBuf) -> Self {
+    /// Takes ownership of the file just created at `path` (with direct I/O, if
+    /// `direct`).
+    pub(crate) fn new(manager: Arc<ManagerInner>, path: PathBuf, direct: bool) -> Self {
         manager.live_files.fetch_add(1, Ordering::Relaxed);
         Self {
             path,
             manager,
             bytes: 0,
+            direct,
         }
+    }
+
+    /// Whether the file is written and read with direct I/O.
+    pub(crate) fn direct(&self) -> bool {
+        self.direct
     }
 
     pub(crate) fn path(&self) -> &Path {
@@ -86,6 +96,7 @@ pub(crate) struct Extent {
 pub(crate) struct SharedFile {
     path: PathBuf,
     manager: Arc<ManagerInner>,
+    direct: bool,
     state: Mutex<SharedState>,
 }
 
@@ -100,6 +111,8 @@ pub(crate) struct SharedState {
     /// (The kind of the failure's error and its message: the writes refused after it
     /// carry its kind, so that they too say "the disk is full".)
     pub(crate) failed: Option<(std::io::ErrorKind, String)>,
+    /// The file's last partial block, when it is written with direct I/O.
+    pub(crate) direct: Option<DirectTail>,
 }
 
 impl SharedFile {
@@ -107,7 +120,9 @@ impl SharedFile {
         Self {
             path: guard.path().to_owned(),
             manager: Arc::clone(&guard.manager),
+            direct: guard.direct,
             state: Mutex::new(SharedState {
+                direct: guard.direct.then(DirectTail::default),
                 file,
                 guard,
                 len: 0,
@@ -129,6 +144,11 @@ impl SharedFile {
 
     pub(crate) fn manager(&self) -> &ManagerInner {
         &self.manager
+    }
+
+    /// Whether the file is written and read with direct I/O.
+    pub(crate) fn direct(&self) -> bool {
+        self.direct
     }
 }
 
@@ -264,17 +284,20 @@ impl SpillFile {
     /// [`SpillError::SchemaMismatch`] if it holds another schema than the one
     /// it was written with (something rewrote the file).
     pub fn reader(&self) -> Result<SpillReader, SpillError> {
-        let (config, extents) = match &self.inner.storage {
-            Storage::Whole(guard) => (guard.manager().config(), None),
-            Storage::Shared { file, extents, .. } => {
-                (file.manager().config(), Some(Arc::clone(extents)))
-            }
+        let (config, extents, direct) = match &self.inner.storage {
+            Storage::Whole(guard) => (guard.manager().config(), None, guard.direct()),
+            Storage::Shared { file, extents, .. } => (
+                file.manager().config(),
+                Some(Arc::clone(extents)),
+                file.direct(),
+            ),
         };
         let reader = SpillReader::open(
             self.path(),
             extents,
             Some(self.schema()),
             config.read_mode,
+            direct,
             Trust::WrittenByUs(self.clone()),
         )?;
         #[cfg(feature = "fault-injection")]

@@ -147,6 +147,7 @@
 
 mod checksum;
 mod config;
+mod direct;
 mod error;
 #[cfg(feature = "fault-injection")]
 pub mod fault;

@@ -30,6 +30,9 @@ pub struct SpillMetrics {
     /// Files created: one per [`SpillManager::create_writer`], one per shared
     /// file of a [`SpillGroup`].
     pub files_created: u64,
+    /// Of those, the files written with direct I/O ([`crate::SpillConfig::direct_io`]:
+    /// fewer when the file system refused it).
+    pub direct_files_created: u64,
     /// Bytes written to spill files, IPC framing included.
     pub bytes_written: u64,
     /// Rows written.
@@ -60,6 +63,7 @@ pub(crate) struct ManagerInner {
     pub(crate) live_files: AtomicUsize,
     next_file_id: AtomicU64,
     pub(crate) files_created: AtomicU64,
+    direct_files_created: AtomicU64,
     pub(crate) bytes_written: AtomicU64,
     pub(crate) rows_written: AtomicU64,
     pub(crate) batches_written: AtomicU64,
@@ -122,6 +126,7 @@ impl SpillManager {
                 live_files: AtomicUsize::new(0),
                 next_file_id: AtomicU64::new(0),
                 files_created: AtomicU64::new(0),
+                direct_files_created: AtomicU64::new(0),
                 bytes_written: AtomicU64::new(0),
                 rows_written: AtomicU64::new(0),
                 batches_written: AtomicU64::new(0),
@@ -181,12 +186,21 @@ impl SpillManager {
         let path = self
             .dir()
             .join(format!("{id:06}-{}.arrows", sanitize_label(label)));
-        let file = create_file(&path).map_err(|source| SpillError::Io {
+        let direct = self.inner.config.direct_io;
+        // Injected faults act on buffered writes (`writer::write_out`).
+        #[cfg(feature = "fault-injection")]
+        let direct = direct && self.inner.config.faults.is_none();
+        let (file, direct) = create_file(&path, direct).map_err(|source| SpillError::Io {
             path: path.clone(),
             source,
         })?;
         self.inner.files_created.fetch_add(1, Ordering::Relaxed);
-        let guard = FileGuard::new(self.inner.clone(), path);
+        if direct {
+            self.inner
+                .direct_files_created
+                .fetch_add(1, Ordering::Relaxed);
+        }
+        let guard = FileGuard::new(self.inner.clone(), path, direct);
         Ok((file, guard))
     }
 
@@ -201,6 +215,7 @@ impl SpillManager {
         let i = &self.inner;
         SpillMetrics {
             files_created: i.files_created.load(Ordering::Relaxed),
+            direct_files_created: i.direct_files_created.load(Ordering::Relaxed),
             bytes_written: i.bytes_written.load(Ordering::Relaxed),
             rows_written: i.rows_written.load(Ordering::Relaxed),
             batches_written: i.batches_written.load(Ordering::Relaxed),
@@ -302,7 +317,9 @@ impl SpillGroup {
     }
 }
 
-fn create_file(path: &Path) -> std::io::Result<File> {
+/// Creates the file at `path` (with direct I/O if `direct` asks for it and the file
+/// system takes it): the file, and whether it is direct.
+fn create_file(path: &Path, direct: bool) -> std::io::Result<(File, bool)> {
     let mut options = OpenOptions::new();
     options.write(true).create_new(true);
     #[cfg(unix)]
@@ -310,7 +327,7 @@ fn create_file(path: &Path) -> std::io::Result<File> {
         use std::os::unix::fs::OpenOptionsExt;
         options.mode(0o600);
     }
-    options.open(path)
+    crate::direct::create(&mut options, path, direct)
 }
 
 fn sanitize_label(label: &str) -> String {

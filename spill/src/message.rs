@@ -33,6 +33,7 @@ use arrow_ipc::convert::MessageBuffer;
 
 use crate::checksum::{Verifier, Written};
 use crate::config::SpillReadMode;
+use crate::direct::DirectReader;
 use crate::file::Extent;
 
 /// The first four bytes of every message in the current IPC format.
@@ -117,6 +118,8 @@ struct ExtentReader {
     index: usize,
     /// Bytes of `extents[index]` read so far.
     done: u64,
+    /// With direct I/O, what reads the file instead (of `file`, a clone).
+    direct: Option<Box<DirectReader>>,
 }
 
 impl Read for ExtentReader {
@@ -136,10 +139,31 @@ impl Read for ExtentReader {
             let want = usize::try_from(extent.len - self.done)
                 .unwrap_or(usize::MAX)
                 .min(buf.len());
-            let read = read_at(&self.file, &mut buf[..want], extent.offset + self.done)?;
+            let at = extent.offset + self.done;
+            let read = match self.direct.as_mut() {
+                Some(direct) => direct.read_at(&mut buf[..want], at)?,
+                None => read_at(&self.file, &mut buf[..want], at)?,
+            };
             self.done += read as u64;
             return Ok(read);
         }
+    }
+}
+
+/// `extents` of a file of `len` bytes (all of it if `None`), checked to lie in it.
+fn within(extents: Option<Arc<[Extent]>>, len: u64) -> Result<Arc<[Extent]>, FrameError> {
+    let Some(extents) = extents else {
+        return Ok(Arc::new([Extent { offset: 0, len }]));
+    };
+    match extents
+        .iter()
+        .find(|e| e.offset.saturating_add(e.len) > len)
+    {
+        Some(past) => Err(FrameError::Corrupt(format!(
+            "file shrank: {} bytes at {} are past its end at {len}",
+            past.len, past.offset
+        ))),
+        None => Ok(extents),
     }
 }
 
@@ -158,15 +182,18 @@ fn read_at(file: &File, buf: &mut [u8], offset: u64) -> io::Result<usize> {
 
 impl MessageSource {
     /// Opens `path` for reading in `mode`: all of it, or only `extents` (which
-    /// must lie inside the file), in order.
+    /// must lie inside the file), in order; in [`SpillReadMode::Buffered`] with
+    /// direct I/O if `direct` (the file was written so: `crate::direct`).
     pub(crate) fn open(
         path: &Path,
         extents: Option<Arc<[Extent]>>,
         mode: SpillReadMode,
+        direct: bool,
         written: Option<Arc<[Written]>>,
     ) -> Result<Self, FrameError> {
         let verifier = written.map(Verifier::new);
-        let file = File::open(path).map_err(FrameError::Io)?;
+        let direct = direct && mode == SpillReadMode::Buffered;
+        let file = crate::direct::open_for_reading(path, direct).map_err(FrameError::Io)?;
         let whole = extents.is_none();
         // In mmap mode the mapping's length is the file's: every range read below
         // lies inside it, even if the file changed since its size was asked.
@@ -178,22 +205,15 @@ impl MessageSource {
                 (map, len)
             }
         };
-        let extents = match extents {
-            Some(extents) => {
-                if let Some(past) = extents
-                    .iter()
-                    .find(|e| e.offset.saturating_add(e.len) > len)
-                {
-                    return Err(FrameError::Corrupt(format!(
-                        "file shrank: {} bytes at {} are past its end at {len}",
-                        past.len, past.offset
-                    )));
-                }
-                extents
-            }
-            None => Arc::new([Extent { offset: 0, len }]),
-        };
+        let extents = within(extents, len)?;
         let total = extents.iter().map(|e| e.len).sum();
+        let direct = match direct {
+            true => Some(Box::new(DirectReader::new(
+                file.try_clone().map_err(FrameError::Io)?,
+                &extents,
+            ))),
+            false => None,
+        };
         match mode {
             SpillReadMode::Buffered => Ok(Self::Buffered(Buffered {
                 ends: extents
@@ -212,6 +232,7 @@ impl MessageSource {
                         extents,
                         index: 0,
                         done: 0,
+                        direct,
                     },
                 ),
                 remaining: total,
@@ -520,13 +541,13 @@ mod tests {
         let len = file.bytes();
         for mode in [SpillReadMode::Buffered, SpillReadMode::Mmap] {
             let open = |extents: Vec<Extent>| {
-                MessageSource::open(file.path(), Some(extents.into()), mode, None)
+                MessageSource::open(file.path(), Some(extents.into()), mode, false, None)
                     .map_err(|_| "open failed".to_owned())
                     .and_then(count)
             };
             // Schema, two batches: the same as one extent, or cut at message ends.
             assert_eq!(open(vec![Extent { offset: 0, len }]), Ok(3), "{mode}");
-            let whole = MessageSource::open(file.path(), None, mode, None)
+            let whole = MessageSource::open(file.path(), None, mode, false, None)
                 .map_err(|_| "open failed".to_owned())
                 .and_then(count);
             assert_eq!(whole, Ok(3), "{mode}");

@@ -188,24 +188,25 @@ pub fn read_spill_file(
     expected_schema: Option<SchemaRef>,
     mode: SpillReadMode,
 ) -> Result<SpillReader, SpillError> {
-    SpillReader::open(path, None, expected_schema, mode, Trust::Foreign)
+    SpillReader::open(path, None, expected_schema, mode, false, Trust::Foreign)
 }
 
 impl SpillReader {
-    /// Opens the file (or only its `extents`, in order) and reads its schema
-    /// message.
+    /// Opens the file (or only its `extents`, in order; with direct I/O if it was
+    /// written so) and reads its schema message.
     pub(crate) fn open(
         path: &Path,
         extents: Option<Arc<[Extent]>>,
         expected_schema: Option<SchemaRef>,
         mode: SpillReadMode,
+        direct: bool,
         trust: Trust,
     ) -> Result<Self, SpillError> {
         let written = match &trust {
             Trust::WrittenByUs(file) => Some(file.written()),
             Trust::Foreign => None,
         };
-        let mut source = MessageSource::open(path, extents, mode, written)
+        let mut source = MessageSource::open(path, extents, mode, direct, written)
             .map_err(|e| frame_error(path, 0, e))?;
         let (file_schema, found) = read_schemas(&mut source, path)?;
         let narrowed = !std::sync::Arc::ptr_eq(&found, &file_schema);

@@ -40,6 +40,7 @@ use arrow_schema::{ArrowError, DataType, SchemaRef};
 
 use crate::checksum::Written;
 use crate::config::SpillCompression;
+use crate::direct::DirectTail;
 use crate::error::SpillError;
 use crate::file::{Extent, FileGuard, SharedFile, SpillFile, Storage};
 use crate::manager::ManagerInner;
@@ -49,11 +50,18 @@ pub(crate) struct CountingWriter {
     // Field order matters: the file is closed before the guard deletes it.
     inner: File,
     guard: FileGuard,
+    /// The file's last partial block, when it is written with direct I/O.
+    direct: Option<DirectTail>,
 }
 
 impl CountingWriter {
     pub(crate) fn new(inner: File, guard: FileGuard) -> Self {
-        Self { inner, guard }
+        let direct = guard.direct().then(DirectTail::default);
+        Self {
+            inner,
+            guard,
+            direct,
+        }
     }
 
     /// Writes one encoded message, reserving quota for all of it first: a
@@ -75,18 +83,32 @@ impl CountingWriter {
         // On failure the reservation stays: some of the bytes may be in the
         // file, which the failed writer deletes when it is dropped.
         let (manager, path) = (self.guard.manager(), self.guard.path());
-        write_out(manager, path, &mut self.inner, buffers).map_err(|source| SpillError::Io {
+        let written = match self.direct.as_mut() {
+            Some(direct) => direct.append(&self.inner, buffers),
+            None => write_out(manager, path, &mut self.inner, buffers),
+        };
+        written.map_err(|source| SpillError::Io {
             path: path.to_owned(),
             source,
         })
     }
 
     /// Closes the file (every message is in it already), handing back the guard
-    /// that owns it.
-    fn into_guard(self) -> FileGuard {
-        let Self { inner, guard } = self;
+    /// that owns it. A direct file is first cut back to its logical end.
+    fn into_guard(self) -> Result<FileGuard, SpillError> {
+        let Self {
+            inner,
+            guard,
+            direct,
+        } = self;
+        if let Some(direct) = direct {
+            direct.finish(&inner).map_err(|source| SpillError::Io {
+                path: guard.path().to_owned(),
+                source,
+            })?;
+        }
         drop(inner);
-        guard
+        Ok(guard)
     }
 }
 
@@ -139,12 +161,17 @@ impl SharedSink {
             io::ErrorKind::Other,
             "a writer panicked while writing".to_owned(),
         ));
-        if let Err(source) = write_out(
-            self.file.manager(),
-            self.file.path(),
-            &mut state.file,
-            buffers,
-        ) {
+        let state_now = &mut *state;
+        let written = match state_now.direct.as_mut() {
+            Some(direct) => direct.append(&state_now.file, buffers),
+            None => write_out(
+                self.file.manager(),
+                self.file.path(),
+                &mut state_now.file,
+                buffers,
+            ),
+        };
+        if let Err(source) = written {
             state.failed = Some((source.kind(), source.to_string()));
             return Err(SpillError::Io {
                 path: path(),
@@ -202,15 +229,15 @@ impl Sink {
     }
 
     /// Where the finished file's bytes are.
-    fn into_storage(self) -> Storage {
-        match self {
-            Self::Own(writer) => Storage::Whole(writer.into_guard()),
+    fn into_storage(self) -> Result<Storage, SpillError> {
+        Ok(match self {
+            Self::Own(writer) => Storage::Whole(writer.into_guard()?),
             Self::Shared(sink) => Storage::Shared {
                 file: sink.file,
                 extents: sink.extents.into(),
                 bytes: sink.bytes,
             },
-        }
+        })
     }
 }
 
@@ -655,7 +682,7 @@ impl SpillWriter {
         .map_err(|source| SpillError::Arrow { path, source })?;
         written.push(Written::of(&buffers));
         sink.write_message(&buffers)?;
-        let storage = sink.into_storage();
+        let storage = sink.into_storage()?;
         Ok(SpillFile::new(
             storage,
             schema,

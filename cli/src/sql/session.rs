@@ -64,6 +64,8 @@ pub struct Settings {
     pub compression: SpillCompression,
     /// The most bytes all spill files may take (`None`: unlimited).
     pub max_spill_bytes: Option<u64>,
+    /// Whether the joins' spill files are written and read with direct I/O.
+    pub direct_io: bool,
 }
 
 impl Settings {
@@ -80,6 +82,7 @@ impl Settings {
             max_depth: run.max_depth,
             compression: run.spill_compression,
             max_spill_bytes: run.max_spill_size,
+            direct_io: run.spill_direct_io,
         }
     }
 }
@@ -164,6 +167,7 @@ fn config(settings: &Settings) -> Result<SessionConfig> {
             "spilljoin.spill_compression",
             settings.compression.to_string(),
         ),
+        ("spilljoin.spill_direct_io", settings.direct_io.to_string()),
     ];
     for (key, value) in spilljoin_settings {
         options

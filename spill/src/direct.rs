@@ -1,0 +1,386 @@
+//! Direct I/O ([`crate::SpillConfig::direct_io`]): spill files written and read
+//! with `O_DIRECT`, past the page cache.
+//!
+//! ```text
+//!  message ─► thread's aligned scratch (the file's last partial block first,
+//!             then the message) ─► pwrite of whole blocks at the block where the
+//!             file's logical end was; the new partial block is kept for the next
+//!  reader  ─► runs of whole blocks (up to 1 MiB, not past the extent they hold),
+//!             each read on a thread of its own while the one before is copied
+//!             out as asked
+//! ```
+//!
+//! Why: a buffered write copies every byte into page-cache pages the kernel has
+//! just allocated. On virtual machines whose host takes back the guest's free
+//! memory (virtio free page reporting), that first touch of each page is a fault
+//! in the host, and writing spill files ran at a fifth of the disk's direct
+//! speed (BENCHMARKS.md, "Direct I/O"). `O_DIRECT` moves the bytes between the
+//! disk and our own buffers, which are reused and stay mapped.
+//!
+//! `O_DIRECT` wants the memory, the file offset and the length of every transfer
+//! aligned to the device's logical block: here [`BLOCK`] bytes, which covers
+//! every common device. Messages are not aligned, so a writer keeps the file's
+//! last partial block in memory and writes it again, completed, with the next
+//! message; the file's length is cut back to its logical end when the writer
+//! finishes (a shared file needs no cut: its readers read only their extents).
+//! Where the file system refuses `O_DIRECT` (tmpfs on older kernels, some
+//! network file systems), or on systems other than Linux, files are written and
+//! read through the page cache as usual.
+
+use std::collections::VecDeque;
+use std::fs::{File, OpenOptions};
+use std::io;
+use std::path::Path;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::thread::JoinHandle;
+
+use arrow_buffer::Buffer;
+
+use crate::file::Extent;
+
+/// The alignment of every direct transfer: memory address, file offset and length.
+pub(crate) const BLOCK: usize = 4096;
+
+/// Bytes moved by one direct transfer at most: a writing thread's scratch, a
+/// reader's window.
+pub(crate) const TRANSFER_BYTES: usize = 1 << 20;
+
+/// Runs a reader reads ahead of the one it hands out from: one at a time left the
+/// device idle between the requests of each reader.
+const RUNS_AHEAD: usize = 3;
+
+/// A heap buffer of `len` bytes whose start is [`BLOCK`]-aligned.
+struct Aligned {
+    bytes: Vec<u8>,
+    start: usize,
+    len: usize,
+}
+
+impl Aligned {
+    fn new(len: usize) -> Self {
+        let bytes = vec![0u8; len + BLOCK];
+        let start = bytes.as_ptr().align_offset(BLOCK).min(BLOCK);
+        Self { bytes, start, len }
+    }
+
+    fn get(&self) -> &[u8] {
+        &self.bytes[self.start..self.start + self.len]
+    }
+
+    fn get_mut(&mut self) -> &mut [u8] {
+        &mut self.bytes[self.start..self.start + self.len]
+    }
+}
+
+/// Buffers of [`TRANSFER_BYTES`] not in use, for the next direct write or reader:
+/// a buffer allocated anew is memory the process touches for the first time, which
+/// is what direct I/O is there to avoid. At most [`IDLE_BUFFERS`] are kept.
+static IDLE: Mutex<Vec<Aligned>> = Mutex::new(Vec::new());
+
+/// The most idle buffers kept: a reader holds `RUNS_AHEAD + 1` and a writer one
+/// while it writes, so this is two threads reading and writing.
+const IDLE_BUFFERS: usize = 2 * (RUNS_AHEAD + 1) + 2;
+
+/// A buffer of [`TRANSFER_BYTES`]: an idle one, or a new one.
+fn take_buffer() -> Aligned {
+    let idle = IDLE.lock().unwrap_or_else(PoisonError::into_inner).pop();
+    idle.unwrap_or_else(|| Aligned::new(TRANSFER_BYTES))
+}
+
+/// Hands `buffer` back for the next direct write or reader.
+fn give_back(buffer: Aligned) {
+    let mut idle = IDLE.lock().unwrap_or_else(PoisonError::into_inner);
+    if idle.len() < IDLE_BUFFERS {
+        idle.push(buffer);
+    }
+}
+
+/// Creates `options`' file at `path`, with `O_DIRECT` when `direct` asks for it and
+/// the file system takes it. Returns the file and whether it is direct.
+pub(crate) fn create(
+    options: &mut OpenOptions,
+    path: &Path,
+    direct: bool,
+) -> io::Result<(File, bool)> {
+    #[cfg(target_os = "linux")]
+    if direct {
+        use std::os::unix::fs::OpenOptionsExt;
+        let mut with_direct = options.clone();
+        with_direct.custom_flags(libc::O_DIRECT);
+        match with_direct.open(path) {
+            Ok(file) => return Ok((file, true)),
+            // The file system does not do direct I/O (no file was created).
+            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {}
+            Err(e) => return Err(e),
+        }
+    }
+    let _ = direct;
+    Ok((options.open(path)?, false))
+}
+
+/// Opens the file at `path` for reading, with `O_DIRECT` when it was written so.
+pub(crate) fn open_for_reading(path: &Path, direct: bool) -> io::Result<File> {
+    #[cfg(target_os = "linux")]
+    if direct {
+        use std::os::unix::fs::OpenOptionsExt;
+        return OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_DIRECT)
+            .open(path);
+    }
+    let _ = direct;
+    File::open(path)
+}
+
+/// The logical end of a file written with `O_DIRECT`, and the bytes of its last,
+/// partial block (held here until the next message completes it).
+#[derive(Debug, Default)]
+pub(crate) struct DirectTail {
+    len: u64,
+    tail: Vec<u8>,
+}
+
+impl DirectTail {
+    /// Appends `buffers` at the file's logical end: the partial last block and the
+    /// message go out in whole blocks, the new partial block padded with zeros
+    /// (overwritten by the next append, cut off by [`finish`](Self::finish)).
+    pub(crate) fn append(&mut self, file: &File, buffers: &[Buffer]) -> io::Result<()> {
+        let mut scratch = take_buffer();
+        let appended = self.append_through(file, buffers, scratch.get_mut());
+        give_back(scratch);
+        appended
+    }
+
+    fn append_through(
+        &mut self,
+        file: &File,
+        buffers: &[Buffer],
+        scratch: &mut [u8],
+    ) -> io::Result<()> {
+        let mut offset = self.len - self.tail.len() as u64;
+        let mut filled = self.tail.len();
+        scratch[..filled].copy_from_slice(&self.tail);
+        let mut len = self.len;
+        for buffer in buffers {
+            let mut bytes = buffer.as_slice();
+            while !bytes.is_empty() {
+                let n = bytes.len().min(scratch.len() - filled);
+                scratch[filled..filled + n].copy_from_slice(&bytes[..n]);
+                (filled, bytes, len) = (filled + n, &bytes[n..], len + n as u64);
+                if filled == scratch.len() {
+                    write_all_at(file, scratch, offset)?;
+                    (offset, filled) = (offset + filled as u64, 0);
+                }
+            }
+        }
+        let partial = filled % BLOCK;
+        let padded = filled.div_ceil(BLOCK) * BLOCK;
+        scratch[filled..padded].fill(0);
+        write_all_at(file, &scratch[..padded], offset)?;
+        // Only once every block is in the file: a failed append leaves the tail
+        // as it was (the writer is unusable after any failed write anyway).
+        self.tail.clear();
+        self.tail
+            .extend_from_slice(&scratch[filled - partial..filled]);
+        self.len = len;
+        Ok(())
+    }
+
+    /// Cuts the file back to its logical end (the last block was written padded).
+    pub(crate) fn finish(&self, file: &File) -> io::Result<()> {
+        file.set_len(self.len)
+    }
+}
+
+/// `pwrite(2)` of all of `bytes` at `offset`.
+fn write_all_at(file: &File, bytes: &[u8], offset: u64) -> io::Result<()> {
+    #[cfg(unix)]
+    {
+        std::os::unix::fs::FileExt::write_all_at(file, bytes, offset)
+    }
+    #[cfg(windows)]
+    {
+        // (Direct files are only created on Linux.)
+        let _ = (file, bytes, offset);
+        Err(io::ErrorKind::Unsupported.into())
+    }
+}
+
+/// One run of whole blocks of a file, read (or being read) into a buffer of its own.
+struct Chunk {
+    buffer: Aligned,
+    /// Where the run starts in the file, and the bytes of it read (fewer than asked
+    /// only at the end of the file).
+    start: u64,
+    len: usize,
+}
+
+impl Chunk {
+    fn covers(&self, offset: u64) -> bool {
+        offset >= self.start && offset < self.start + self.len as u64
+    }
+}
+
+/// Reads `(start, len)` of `file` into `buffer`'s first `len` bytes: whole blocks,
+/// short only at the end of the file.
+fn read_chunk(file: &File, mut buffer: Aligned, (start, len): (u64, usize)) -> io::Result<Chunk> {
+    let bytes = &mut buffer.get_mut()[..len];
+    let mut got = 0;
+    while got < len {
+        match read_at(file, &mut bytes[got..], start + got as u64) {
+            Ok(0) => break,
+            // A read that ends off a block boundary ended at the file's end.
+            Ok(n) if n % BLOCK != 0 => {
+                got += n;
+                break;
+            }
+            Ok(n) => got += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(Chunk {
+        buffer,
+        start,
+        len: got,
+    })
+}
+
+/// The reading side of direct I/O: the blocks that hold a file's extents, read in
+/// runs of at most [`TRANSFER_BYTES`], each run read on a thread of its own while
+/// the one before is consumed (a direct read waits for the device; without the
+/// run ahead, joining spilled pairs waited for every run in turn).
+///
+/// Holds the buffers of the run handed out from and of [`RUNS_AHEAD`] more while
+/// it reads.
+pub(crate) struct DirectReader {
+    file: Arc<File>,
+    /// Every run to read, in order; the next to ask for.
+    runs: Vec<(u64, usize)>,
+    next: usize,
+    /// The run handed out from, and the one being read ahead.
+    current: Option<Chunk>,
+    ahead: VecDeque<JoinHandle<io::Result<Chunk>>>,
+    /// The buffer of the next run to start.
+    spare: Option<Aligned>,
+}
+
+impl std::fmt::Debug for DirectReader {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DirectReader")
+            .field("runs", &self.runs.len())
+            .field("next", &self.next)
+            .finish()
+    }
+}
+
+impl DirectReader {
+    /// A reader of `extents` of `file`, which was opened with `O_DIRECT`.
+    pub(crate) fn new(file: File, extents: &[Extent]) -> Self {
+        let block = BLOCK as u64;
+        let mut runs = Vec::new();
+        for extent in extents.iter().filter(|e| e.len > 0) {
+            let mut start = extent.offset / block * block;
+            let end = (extent.offset + extent.len).div_ceil(block) * block;
+            while start < end {
+                let len = (end - start).min(TRANSFER_BYTES as u64);
+                runs.push((start, len as usize));
+                start += len;
+            }
+        }
+        Self {
+            file: Arc::new(file),
+            runs,
+            next: 0,
+            current: None,
+            ahead: VecDeque::new(),
+            spare: None,
+        }
+    }
+
+    /// Reads into `buf` from `offset` (at or past every offset read before, inside
+    /// one of the extents). Returns the bytes read: 0 when the file ended before
+    /// `offset`.
+    pub(crate) fn read_at(&mut self, buf: &mut [u8], offset: u64) -> io::Result<usize> {
+        while !self.current.as_ref().is_some_and(|c| c.covers(offset)) {
+            if !self.advance()? {
+                return Ok(0);
+            }
+        }
+        let Some(chunk) = self.current.as_ref() else {
+            return Ok(0);
+        };
+        let skip = usize::try_from(offset - chunk.start).unwrap_or(usize::MAX);
+        let n = (chunk.len - skip).min(buf.len());
+        buf[..n].copy_from_slice(&chunk.buffer.get()[skip..skip + n]);
+        Ok(n)
+    }
+
+    /// Moves to the next run (the one read ahead, or read now) and starts reading
+    /// the one after it. Returns false when there is none.
+    fn advance(&mut self) -> io::Result<bool> {
+        let done = self.current.take().map(|c| c.buffer);
+        let chunk = match self.ahead.pop_front() {
+            Some(ahead) => ahead
+                .join()
+                .map_err(|_| io::Error::other("a spill read-ahead thread panicked"))??,
+            None => {
+                let Some(&run) = self.runs.get(self.next) else {
+                    return Ok(false);
+                };
+                self.next += 1;
+                let buffer = self.spare.take().unwrap_or_else(take_buffer);
+                read_chunk(&self.file, buffer, run)?
+            }
+        };
+        self.spare = done;
+        self.current = Some(chunk);
+        while self.ahead.len() < RUNS_AHEAD {
+            let Some(&run) = self.runs.get(self.next) else {
+                break;
+            };
+            let file = Arc::clone(&self.file);
+            let buffer = self.spare.take().unwrap_or_else(take_buffer);
+            // (No thread to be had: the run is read when it is needed.)
+            let Ok(ahead) = std::thread::Builder::new()
+                .name("spill-read-ahead".into())
+                .spawn(move || read_chunk(&file, buffer, run))
+            else {
+                break;
+            };
+            self.ahead.push_back(ahead);
+            self.next += 1;
+        }
+        Ok(true)
+    }
+}
+
+impl Drop for DirectReader {
+    /// Waits for the run being read ahead (no thread outlives its reader) and
+    /// hands the buffers back.
+    fn drop(&mut self) {
+        for ahead in self.ahead.drain(..) {
+            if let Ok(Ok(chunk)) = ahead.join() {
+                give_back(chunk.buffer);
+            }
+        }
+        if let Some(chunk) = self.current.take() {
+            give_back(chunk.buffer);
+        }
+        if let Some(buffer) = self.spare.take() {
+            give_back(buffer);
+        }
+    }
+}
+
+/// `pread(2)`.
+fn read_at(file: &File, buf: &mut [u8], offset: u64) -> io::Result<usize> {
+    #[cfg(unix)]
+    {
+        std::os::unix::fs::FileExt::read_at(file, buf, offset)
+    }
+    #[cfg(windows)]
+    {
+        std::os::windows::fs::FileExt::seek_read(file, buf, offset)
+    }
+}

@@ -2,7 +2,7 @@
 //! with `O_DIRECT`, past the page cache.
 //!
 //! ```text
-//!  message ─► thread's aligned scratch (the file's last partial block first,
+//!  message ─► an aligned 1 MiB buffer (the file's last partial block first,
 //!             then the message) ─► pwrite of whole blocks at the block where the
 //!             file's logical end was; the new partial block is kept for the next
 //!  reader  ─► runs of whole blocks (up to 1 MiB, not past the extent they hold),
@@ -13,8 +13,8 @@
 //! Why: a buffered write copies every byte into page-cache pages the kernel has
 //! just allocated. On virtual machines whose host takes back the guest's free
 //! memory (virtio free page reporting), that first touch of each page is a fault
-//! in the host, and writing spill files ran at a fifth of the disk's direct
-//! speed (BENCHMARKS.md, "Direct I/O"). `O_DIRECT` moves the bytes between the
+//! in the host (so it seems: the copy is where the time goes), and buffered
+//! writes ran at a sixth of the disk's direct speed (BENCHMARKS.md, "Direct I/O"). `O_DIRECT` moves the bytes between the
 //! disk and our own buffers, which are reused and stay mapped.
 //!
 //! `O_DIRECT` wants the memory, the file offset and the length of every transfer
@@ -41,8 +41,7 @@ use crate::file::Extent;
 /// The alignment of every direct transfer: memory address, file offset and length.
 pub(crate) const BLOCK: usize = 4096;
 
-/// Bytes moved by one direct transfer at most: a writing thread's scratch, a
-/// reader's window.
+/// Bytes moved by one direct transfer at most: a writer's buffer, a reader's run.
 pub(crate) const TRANSFER_BYTES: usize = 1 << 20;
 
 /// Runs a reader reads ahead of the one it hands out from: one at a time left the
@@ -109,8 +108,12 @@ pub(crate) fn create(
         with_direct.custom_flags(libc::O_DIRECT);
         match with_direct.open(path) {
             Ok(file) => return Ok((file, true)),
-            // The file system does not do direct I/O (no file was created).
-            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {}
+            // The file system does not do direct I/O. Linux may have created the
+            // file before it found that out: the name is ours alone (a private
+            // directory, a fresh number), so it goes before it is created again.
+            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
+                let _ = std::fs::remove_file(path);
+            }
             Err(e) => return Err(e),
         }
     }

@@ -35,12 +35,13 @@ use crate::{MemoryConsumer, MemoryError, MemoryLimit, MemoryPool, MemoryReservat
 /// assert_eq!(share.limit(), MemoryLimit::Finite(250));
 /// let mut build = MemoryConsumer::new("build").with_can_spill(true).register(&share);
 /// assert!(build.try_grow(251).is_err()); // past the share: spill
-/// build.try_grow(250).unwrap();
+/// build.try_grow(250)?;
 /// let mut other = MemoryConsumer::new("sort").register(&executor);
-/// other.try_grow(700).unwrap(); // the executor's pool is shared with others
+/// other.try_grow(700)?; // the executor's pool is shared with others
 /// let mut probe = MemoryConsumer::new("probe").register(&share);
 /// assert!(probe.try_grow(1).is_err(), "the executor's pool is full");
 /// assert_eq!((share.reserved(), executor.reserved()), (250, 950));
+/// # Ok::<(), spilljoin_memory::MemoryError>(())
 /// ```
 pub struct PoolShare {
     pool: Arc<dyn MemoryPool>,

@@ -44,8 +44,9 @@ pub(crate) const BLOCK: usize = 4096;
 /// Bytes moved by one direct transfer at most: a writer's buffer, a reader's run.
 pub(crate) const TRANSFER_BYTES: usize = 1 << 20;
 
-/// Runs a reader reads ahead of the one it hands out from: one at a time left the
-/// device idle between the requests of each reader.
+/// Runs a reader reads ahead of the one it hands out from: a reader that reads a
+/// run only when it needs it waits for the device at every run, its CPU idle
+/// (BENCHMARKS.md, the choices table).
 const RUNS_AHEAD: usize = 3;
 
 /// A heap buffer of `len` bytes whose start is [`BLOCK`]-aligned.
@@ -279,7 +280,7 @@ impl std::fmt::Debug for DirectReader {
 
 impl DirectReader {
     /// A reader of `extents` of `file`, which was opened with `O_DIRECT`.
-    pub(crate) fn new(file: File, extents: &[Extent]) -> Self {
+    pub(crate) fn new(file: Arc<File>, extents: &[Extent]) -> Self {
         let block = BLOCK as u64;
         let mut runs = Vec::new();
         for extent in extents.iter().filter(|e| e.len > 0) {
@@ -292,7 +293,7 @@ impl DirectReader {
             }
         }
         Self {
-            file: Arc::new(file),
+            file,
             runs,
             next: 0,
             current: None,

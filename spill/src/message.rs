@@ -113,12 +113,12 @@ pub(crate) struct Mapped {
 
 /// Reads the extents of a file one after the other, with positioned reads.
 struct ExtentReader {
-    file: File,
+    file: Arc<File>,
     extents: Arc<[Extent]>,
     index: usize,
     /// Bytes of `extents[index]` read so far.
     done: u64,
-    /// With direct I/O, what reads the file instead (of `file`, a clone).
+    /// With direct I/O, what reads `file` instead.
     direct: Option<Box<DirectReader>>,
 }
 
@@ -207,13 +207,8 @@ impl MessageSource {
         };
         let extents = within(extents, len)?;
         let total = extents.iter().map(|e| e.len).sum();
-        let direct = match direct {
-            true => Some(Box::new(DirectReader::new(
-                file.try_clone().map_err(FrameError::Io)?,
-                &extents,
-            ))),
-            false => None,
-        };
+        let file = Arc::new(file);
+        let direct = direct.then(|| Box::new(DirectReader::new(Arc::clone(&file), &extents)));
         match mode {
             SpillReadMode::Buffered => Ok(Self::Buffered(Buffered {
                 ends: extents

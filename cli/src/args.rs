@@ -5,6 +5,7 @@
 
 use std::path::PathBuf;
 
+use crate::direct_io::DirectIoMode;
 use crate::pushdown::PushdownMode;
 use clap::{Args, Parser, Subcommand};
 use spilljoin::spill::SpillCompression;
@@ -68,7 +69,7 @@ spilljoin join: the flags, in short (`spilljoin join --help` explains each):
            [--pushdown none|bounds|all] [--explain]
   output   [--output PATH|-] [--output-format F] [--compression C]
   running  [--memory-limit SIZE] [--spill-dir DIR] [--spill-compression none|lz4|zstd]
-           [--spill-direct-io] [--max-spill-size SIZE] [--max-depth N] [--threads N]
+           [--spill-direct-io[=auto|on|off]] [--max-spill-size SIZE] [--max-depth N] [--threads N]
            [--batch-size N] [--metrics PATH] [-q]
 
 spilljoin sql [--table NAME=PATH]... [running and output flags as above]
@@ -127,11 +128,14 @@ pub struct RunArgs {
     #[arg(long, default_value = "none", value_parser = parse_spill_compression, value_name = "CODEC")]
     pub spill_compression: SpillCompression,
     /// Write and read spill files with direct I/O (O_DIRECT, Linux), past the page
-    /// cache: faster on virtual machines where fresh page-cache pages are slow to
-    /// fill, slower where the spill would have stayed in the page cache (see
-    /// BENCHMARKS.md, "Direct I/O").
-    #[arg(long)]
-    pub spill_direct_io: bool,
+    /// cache: `=auto` (`join`: when the spill expected from the inputs' sizes is more
+    /// than a quarter of the memory available; `sql`: off), `=on` (the flag alone)
+    /// or `=off`. Faster where the spill is larger than the page cache can keep or fresh
+    /// page-cache pages are slow to fill (virtual machines), slower where the spill
+    /// would have stayed in the page cache (BENCHMARKS.md, "Direct I/O").
+    #[arg(long, value_name = "WHEN", default_value = "auto", num_args = 0..=1,
+          default_missing_value = "on", require_equals = true)]
+    pub spill_direct_io: DirectIoMode,
     /// The most disk all spill files may take at once, e.g. 50GiB; a join (or query)
     /// that needs more stops with exit code 6 [default: unlimited].
     #[arg(long, value_parser = parse_size, value_name = "SIZE")]

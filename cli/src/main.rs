@@ -21,6 +21,7 @@ mod allocator;
 mod args;
 mod clean;
 mod demo;
+mod direct_io;
 mod failure;
 mod filter;
 mod format;

@@ -169,6 +169,8 @@ fn spill(plan: &Plan, m: &JoinMetrics) -> Value {
         "dir": spill_dir.display().to_string(),
         "compression": plan.spill.compression.to_string(),
         "max_bytes": plan.spill.disk_quota_bytes,
+        "direct_io": plan.spill.direct_io,
+        "direct_io_reason": plan.direct_io_reason,
     })
 }
 

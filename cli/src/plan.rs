@@ -26,6 +26,7 @@ use spilljoin::{
 };
 
 use super::args::RunArgs;
+use super::direct_io::{self, build_and_probe, expected_spill_bytes};
 use super::failure::Kind;
 use super::filter::Filter;
 use super::input::Input;
@@ -94,6 +95,8 @@ pub struct Plan {
     pub threads: usize,
     /// The spill settings.
     pub spill: SpillConfig,
+    /// Why spill files are (or are not) written with direct I/O.
+    pub direct_io_reason: String,
 }
 
 impl Plan {
@@ -153,6 +156,15 @@ impl Plan {
         }
         let join = builder.clone().build().map_err(|e| key_hint(e, &request))?;
         let (schema, rename) = output_schema(&join, selected.as_deref(), &request);
+        let (build, probe) = build_and_probe(join.build_side(), left_stats, right_stats);
+        let expected_spill = expected_spill_bytes(build, probe, join.memory_limit() as u64);
+        let direct_io = direct_io::decide(
+            run.spill_direct_io,
+            expected_spill,
+            spilljoin::memory::available_memory_bytes(),
+        );
+        let mut spill = spill_config(run);
+        spill.direct_io = direct_io.direct;
         Ok(Self {
             left_columns,
             right_columns,
@@ -167,7 +179,8 @@ impl Plan {
             limit_given,
             reader_pages_in_pool,
             threads,
-            spill: spill_config(run),
+            spill,
+            direct_io_reason: direct_io.reason,
             request,
         })
     }
@@ -286,7 +299,7 @@ impl Plan {
         )
     }
 
-    /// `--explain`'s spill settings: the directory, compression and quota.
+    /// `--explain`'s spill settings: the directory, compression, quota and direct I/O.
     fn spill_text(&self) -> String {
         let dir = self
             .spill
@@ -294,13 +307,15 @@ impl Plan {
             .clone()
             .unwrap_or_else(std::env::temp_dir);
         format!(
-            "{} (compression {}, {})",
+            "{} (compression {}, {}, direct I/O {}: {})",
             dir.display(),
             self.spill.compression,
             match self.spill.disk_quota_bytes {
                 Some(q) => format!("at most {}", human_bytes(q)),
                 None => "no size limit".into(),
-            }
+            },
+            if self.spill.direct_io { "on" } else { "off" },
+            self.direct_io_reason
         )
     }
 
@@ -418,12 +433,11 @@ fn output_schema(
 }
 
 /// Where and how the join spills (`--spill-dir`, `--spill-compression`,
-/// `--spill-direct-io`, `--max-spill-size`).
+/// `--max-spill-size`; direct I/O is decided with the plan).
 fn spill_config(run: &RunArgs) -> SpillConfig {
     SpillConfig {
         root_dir: run.spill_dir.clone(),
         compression: run.spill_compression,
-        direct_io: run.spill_direct_io,
         disk_quota_bytes: run.max_spill_size,
         ..SpillConfig::default()
     }

@@ -683,3 +683,40 @@ fn metrics_file_matches_the_printed_rows() {
     f.join(&["--metrics", metrics.to_str().unwrap()])
         .error(BAD_OUTPUT, &["cannot write metrics", "m.json"]);
 }
+
+#[test]
+fn spill_direct_io_is_auto_unless_asked_and_reported_with_its_reason() {
+    let f = Fixture::new();
+    let expected = f.join(&["--memory-limit", "32MiB"]).rows();
+    // Six-row inputs spill nothing, so `auto` reads buffered; the flag alone is `on`.
+    for (flag, direct, reason) in [
+        (None, false, "auto: about"),
+        (Some("--spill-direct-io"), true, "--spill-direct-io on"),
+        (Some("--spill-direct-io=on"), true, "--spill-direct-io on"),
+        (
+            Some("--spill-direct-io=off"),
+            false,
+            "--spill-direct-io off",
+        ),
+        (Some("--spill-direct-io=auto"), false, "not over a quarter"),
+    ] {
+        let metrics = f.path("direct.json");
+        let mut args = vec!["--memory-limit", "32MiB", "--metrics"];
+        args.push(metrics.to_str().unwrap());
+        args.extend(flag);
+        assert_eq!(f.join(&args).rows(), expected, "{flag:?}");
+        let json: String = std::fs::read_to_string(&metrics)
+            .unwrap()
+            .chars()
+            .filter(|c| !c.is_whitespace())
+            .collect();
+        assert!(
+            json.contains(&format!("\"direct_io\":{direct}")),
+            "{flag:?}: {json}"
+        );
+        let reason = reason.replace(' ', "");
+        assert!(json.contains(&reason), "{flag:?}: {json}");
+    }
+    f.join(&["--spill-direct-io=sometimes"])
+        .usage_error(&["sometimes", "auto, on or off"]);
+}

@@ -55,7 +55,7 @@ mod track;
 
 pub use consumer::{MemoryConsumer, MemoryReservation};
 pub use error::{ConsumerUsage, MemoryError};
-pub use limit::{default_memory_limit_bytes, DEFAULT_MEMORY_FRACTION};
+pub use limit::{available_memory_bytes, default_memory_limit_bytes, DEFAULT_MEMORY_FRACTION};
 pub use pool::{FairSpillPool, GreedyMemoryPool, MemoryLimit, MemoryPool, UnboundedMemoryPool};
 pub use share::PoolShare;
 pub use track::TrackConsumersPool;

@@ -21,16 +21,24 @@ const UNKNOWN_MEMORY_DEFAULT_BYTES: u64 = 1024 * 1024 * 1024;
 /// still allows when it runs in a container with a memory limit. Where the operating
 /// system cannot be asked, the default is 1 GiB.
 pub fn default_memory_limit_bytes() -> u64 {
-    let Ok(mut system) = sysinfo::System::new() else {
+    let Some(available) = available_memory_bytes() else {
         return UNKNOWN_MEMORY_DEFAULT_BYTES;
     };
+    let limit = (available as f64 * DEFAULT_MEMORY_FRACTION) as u64;
+    limit.max(DEFAULT_MEMORY_FLOOR_BYTES)
+}
+
+/// The memory available to this process now, as [`default_memory_limit_bytes`]
+/// reads it (`MemAvailable`, lowered to what the process's cgroup still allows), or
+/// `None` where the operating system cannot be asked.
+pub fn available_memory_bytes() -> Option<u64> {
+    let mut system = sysinfo::System::new().ok()?;
     system.refresh_memory();
     let mut available = system.available_memory();
     if let Some(cgroup) = system.cgroup_limits() {
         available = available.min(cgroup.free_memory);
     }
-    let limit = (available as f64 * DEFAULT_MEMORY_FRACTION) as u64;
-    limit.max(DEFAULT_MEMORY_FLOOR_BYTES)
+    Some(available)
 }
 
 #[cfg(test)]

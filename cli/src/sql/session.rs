@@ -42,6 +42,7 @@ use datafusion::prelude::{SessionConfig, SessionContext};
 use spilljoin::spill::SpillCompression;
 
 use crate::args::{RunArgs, TableArg};
+use crate::direct_io::DirectIoMode;
 use crate::failure::Kind;
 use crate::format::{CsvOptions, Format};
 use crate::input::{locate, InputName};
@@ -64,7 +65,8 @@ pub struct Settings {
     pub compression: SpillCompression,
     /// The most bytes all spill files may take (`None`: unlimited).
     pub max_spill_bytes: Option<u64>,
-    /// Whether the joins' spill files are written and read with direct I/O.
+    /// Whether the joins' spill files are written and read with direct I/O (`auto`
+    /// is off here: a query's joins' spills are not estimated before it runs).
     pub direct_io: bool,
 }
 
@@ -82,7 +84,7 @@ impl Settings {
             max_depth: run.max_depth,
             compression: run.spill_compression,
             max_spill_bytes: run.max_spill_size,
-            direct_io: run.spill_direct_io,
+            direct_io: run.spill_direct_io == DirectIoMode::On,
         }
     }
 }

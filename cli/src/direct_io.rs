@@ -1,0 +1,175 @@
+//! `--spill-direct-io auto|on|off`: whether spill files bypass the page cache.
+//!
+//! Buffered spill files go through the page cache: a spill it can hold is read back
+//! from memory, which is what makes small spills cheap. A spill far larger than the
+//! memory the machine has free cannot stay there: every page is written to the disk
+//! anyway, after a copy into a page-cache page, and on its way it evicts the cache of
+//! everything else on the machine (and, in a container, counts against the
+//! container's memory). On the virtual machines we measure on, filling fresh
+//! page-cache pages is also slow (BENCHMARKS.md, "Direct I/O": 201 MB/s buffered
+//! against 1.2 GB/s direct). So `auto`, the default, writes a join's spill past the
+//! page cache when the spill expected from the inputs' sizes and the limit is more
+//! than [`AUTO_SHARE`] of the memory available, and through it otherwise.
+
+use std::fmt;
+
+use spilljoin::{InputStatistics, Side};
+
+use crate::progress::human_bytes;
+
+/// Above this share of the available memory an expected spill is written with
+/// direct I/O under `auto`: the page cache then holds at most a few such spills
+/// beside everything else (BENCHMARKS.md, "Direct I/O", for the joins on either side).
+pub const AUTO_SHARE: f64 = 0.25;
+
+/// The `--spill-direct-io` setting.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum DirectIoMode {
+    /// Direct when the expected spill is large ([`decide`]).
+    #[default]
+    Auto,
+    /// Always direct (where the file system takes it).
+    On,
+    /// Never direct.
+    Off,
+}
+
+impl std::str::FromStr for DirectIoMode {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s.to_ascii_lowercase().as_str() {
+            "auto" => Ok(Self::Auto),
+            "on" | "true" | "yes" => Ok(Self::On),
+            "off" | "false" | "no" => Ok(Self::Off),
+            _ => Err(format!("`{s}` is not auto, on or off")),
+        }
+    }
+}
+
+impl fmt::Display for DirectIoMode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::Auto => "auto",
+            Self::On => "on",
+            Self::Off => "off",
+        })
+    }
+}
+
+/// Whether a join spills with direct I/O, and why (for `--explain` and `--metrics`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DirectIoChoice {
+    /// Whether spill files are opened with direct I/O.
+    pub direct: bool,
+    /// Why, in a few words.
+    pub reason: String,
+}
+
+/// What a join is expected to spill, in bytes: none when the build's estimate fits
+/// under the join's limit; otherwise the share of both inputs that the build's
+/// partitions over the limit take (the hybrid hash join spills build partitions until
+/// the rest fits, and the probe rows of the same partitions with them). `None` when
+/// an input's size is unknown.
+pub fn expected_spill_bytes(
+    build: InputStatistics,
+    probe: InputStatistics,
+    join_limit: u64,
+) -> Option<u64> {
+    let (build, probe) = (build.bytes?, probe.bytes?);
+    if build <= join_limit {
+        return Some(0);
+    }
+    let spilled_share = 1.0 - join_limit as f64 / build as f64;
+    Some((spilled_share * (build as f64 + probe as f64)) as u64)
+}
+
+/// The choice for `mode`, given the expected spill and the memory available now
+/// (either unknown: buffered, the file system's ordinary path).
+pub fn decide(
+    mode: DirectIoMode,
+    expected_spill: Option<u64>,
+    available: Option<u64>,
+) -> DirectIoChoice {
+    let choice = |direct, reason: String| DirectIoChoice { direct, reason };
+    match (mode, expected_spill, available) {
+        (DirectIoMode::On, ..) => choice(true, "--spill-direct-io on".into()),
+        (DirectIoMode::Off, ..) => choice(false, "--spill-direct-io off".into()),
+        (DirectIoMode::Auto, Some(spill), Some(available)) => {
+            let large = spill as f64 > AUTO_SHARE * available as f64;
+            let reason = format!(
+                "auto: about {} expected to spill, {} a quarter of the {} available",
+                human_bytes(spill),
+                if large { "over" } else { "not over" },
+                human_bytes(available)
+            );
+            choice(large, reason)
+        }
+        (DirectIoMode::Auto, None, _) => choice(false, "auto: input sizes unknown".into()),
+        (DirectIoMode::Auto, _, None) => choice(false, "auto: available memory unknown".into()),
+    }
+}
+
+/// The build and probe inputs' statistics of a join whose build is `build_side`.
+pub fn build_and_probe(
+    build_side: Side,
+    left: InputStatistics,
+    right: InputStatistics,
+) -> (InputStatistics, InputStatistics) {
+    match build_side {
+        Side::Left => (left, right),
+        Side::Right => (right, left),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn stats(bytes: u64) -> InputStatistics {
+        InputStatistics {
+            bytes: Some(bytes),
+            ..InputStatistics::default()
+        }
+    }
+
+    const GIB: u64 = 1 << 30;
+
+    #[test]
+    fn a_build_that_fits_spills_nothing() {
+        assert_eq!(
+            expected_spill_bytes(stats(GIB), stats(10 * GIB), GIB),
+            Some(0)
+        );
+        assert_eq!(
+            expected_spill_bytes(InputStatistics::default(), stats(GIB), GIB),
+            None
+        );
+    }
+
+    #[test]
+    fn a_build_four_times_the_limit_spills_three_quarters_of_both_inputs() {
+        let spill = expected_spill_bytes(stats(4 * GIB), stats(12 * GIB), GIB);
+        assert_eq!(spill, Some(12 * GIB));
+    }
+
+    #[test]
+    fn auto_is_direct_only_for_spills_over_a_quarter_of_what_is_available() {
+        let auto = |spill, available| decide(DirectIoMode::Auto, spill, available).direct;
+        assert!(auto(Some(6 * GIB), Some(20 * GIB)));
+        assert!(!auto(Some(5 * GIB), Some(20 * GIB)));
+        assert!(!auto(Some(0), Some(GIB)));
+        assert!(!auto(None, Some(GIB)));
+        assert!(!auto(Some(6 * GIB), None));
+        assert!(decide(DirectIoMode::On, Some(0), None).direct);
+        assert!(!decide(DirectIoMode::Off, Some(100 * GIB), Some(GIB)).direct);
+    }
+
+    #[test]
+    fn modes_parse_and_print() {
+        for mode in [DirectIoMode::Auto, DirectIoMode::On, DirectIoMode::Off] {
+            assert_eq!(mode.to_string().parse::<DirectIoMode>(), Ok(mode));
+        }
+        assert!("sometimes".parse::<DirectIoMode>().is_err());
+    }
+}

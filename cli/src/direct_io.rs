@@ -84,17 +84,40 @@ pub fn expected_spill_bytes(
     Some((spilled_share * (build as f64 + probe as f64)) as u64)
 }
 
-/// The choice for `mode`, given the expected spill and the memory available now
-/// (either unknown: buffered, the file system's ordinary path).
-pub fn decide(
-    mode: DirectIoMode,
-    expected_spill: Option<u64>,
-    available: Option<u64>,
-) -> DirectIoChoice {
+/// What `auto` weighs: the spill expected, the memory available now (either unknown:
+/// buffered, the file system's ordinary path), and whether the direct I/O buffers fit
+/// in the limit's share for them ([`buffers_in_pool`]).
+#[derive(Debug, Clone, Copy)]
+pub struct Situation {
+    /// [`expected_spill_bytes`].
+    pub expected_spill: Option<u64>,
+    /// The memory available to the process now.
+    pub available: Option<u64>,
+    /// The direct I/O buffers of the join's threads ([`buffer_bytes`]).
+    pub buffers: u64,
+    /// The join's limit in bytes.
+    pub join_limit: u64,
+}
+
+/// The choice for `mode` in `situation`.
+pub fn decide(mode: DirectIoMode, situation: Situation) -> DirectIoChoice {
     let choice = |direct, reason: String| DirectIoChoice { direct, reason };
+    let Situation {
+        expected_spill,
+        available,
+        buffers,
+        join_limit,
+    } = situation;
     match (mode, expected_spill, available) {
         (DirectIoMode::On, ..) => choice(true, "--spill-direct-io on".into()),
         (DirectIoMode::Off, ..) => choice(false, "--spill-direct-io off".into()),
+        (DirectIoMode::Auto, ..) if buffers > join_limit / BUFFERS_SHARE => choice(
+            false,
+            format!(
+                "auto: its buffers ({}) would take more than an eighth of the limit",
+                human_bytes(buffers)
+            ),
+        ),
         (DirectIoMode::Auto, Some(spill), Some(available)) => {
             let large = spill as f64 > AUTO_SHARE * available as f64;
             let reason = format!(
@@ -108,6 +131,30 @@ pub fn decide(
         (DirectIoMode::Auto, None, _) => choice(false, "auto: input sizes unknown".into()),
         (DirectIoMode::Auto, _, None) => choice(false, "auto: available memory unknown".into()),
     }
+}
+
+/// The direct I/O buffers take at most 1/this of a join's limit: with more, the pool
+/// left moved SF10's every-column join at 64 MiB across a partitioning cliff (its
+/// pairs joined in chunks, 45–50 s against 40), and left outside the pool they took
+/// its peak RSS to its bound (BENCHMARKS.md, "Direct I/O").
+const BUFFERS_SHARE: u64 = 8;
+
+/// The direct I/O buffers of `threads` workers at most
+/// ([`spilljoin::spill::DIRECT_IO_BYTES_PER_THREAD`] each; outside the pool).
+pub fn buffer_bytes(threads: usize) -> u64 {
+    threads.saturating_mul(spilljoin::spill::DIRECT_IO_BYTES_PER_THREAD) as u64
+}
+
+/// What of the join's limit `join_limit` the direct I/O buffers take when the limit
+/// was given: the join's pool gets the rest, so that the pool and the buffers stay
+/// inside the RSS bound together. At most [`BUFFERS_SHARE`]'s share of the limit
+/// (`auto` goes direct only when they fit in it; with `on` and a small limit the
+/// process's RSS is far below its bound anyway).
+pub fn buffers_in_pool(direct: bool, limit_given: bool, threads: usize, join_limit: u64) -> u64 {
+    if !direct || !limit_given {
+        return 0;
+    }
+    buffer_bytes(threads).min(join_limit / BUFFERS_SHARE)
 }
 
 /// The build and probe inputs' statistics of a join whose build is `build_side`.
@@ -155,14 +202,43 @@ mod tests {
 
     #[test]
     fn auto_is_direct_only_for_spills_over_a_quarter_of_what_is_available() {
-        let auto = |spill, available| decide(DirectIoMode::Auto, spill, available).direct;
+        let auto = |spill, available| {
+            let room = Situation {
+                expected_spill: spill,
+                available,
+                buffers: 10 << 20,
+                join_limit: GIB,
+            };
+            decide(DirectIoMode::Auto, room).direct
+        };
         assert!(auto(Some(6 * GIB), Some(20 * GIB)));
         assert!(!auto(Some(5 * GIB), Some(20 * GIB)));
         assert!(!auto(Some(0), Some(GIB)));
         assert!(!auto(None, Some(GIB)));
         assert!(!auto(Some(6 * GIB), None));
-        assert!(decide(DirectIoMode::On, Some(0), None).direct);
-        assert!(!decide(DirectIoMode::Off, Some(100 * GIB), Some(GIB)).direct);
+    }
+
+    #[test]
+    fn auto_is_buffered_where_the_buffers_would_take_over_an_eighth_of_the_limit() {
+        let situation = |join_limit| Situation {
+            expected_spill: Some(100 * GIB),
+            available: Some(GIB),
+            buffers: 10 << 20,
+            join_limit,
+        };
+        assert!(!decide(DirectIoMode::Auto, situation(64 << 20)).direct);
+        assert!(decide(DirectIoMode::Auto, situation(80 << 20)).direct);
+        assert!(decide(DirectIoMode::On, situation(64 << 20)).direct);
+        assert!(!decide(DirectIoMode::Off, situation(GIB)).direct);
+    }
+
+    #[test]
+    fn direct_buffers_come_out_of_a_given_limit_only() {
+        let per_thread = spilljoin::spill::DIRECT_IO_BYTES_PER_THREAD as u64;
+        assert_eq!(buffers_in_pool(true, true, 2, GIB), 2 * per_thread);
+        assert_eq!(buffers_in_pool(true, true, 64, 64 << 20), 8 << 20);
+        assert_eq!(buffers_in_pool(false, true, 2, GIB), 0);
+        assert_eq!(buffers_in_pool(true, false, 2, GIB), 0);
     }
 
     #[test]

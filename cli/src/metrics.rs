@@ -12,9 +12,11 @@
 //!                        "estimated_bytes", "rows_in_metadata"}, "right": {..} },
 //!   "build": { "rows", "rows_spilled", "bytes_spilled" },
 //!   "probe": { "rows", "rows_spilled", "bytes_spilled", "rows_skipped_by_bloom" },
-//!   "spill": { "files", "partitions_spilled", "max_recursion_depth", "fallbacks", "hot_key_splits", "swapped_pairs", "dir", "compression" },
+//!   "spill": { "files", "partitions_spilled", "max_recursion_depth", "fallbacks", "hot_key_splits", "swapped_pairs", "dir", "compression",
+//!              "max_bytes", "direct_io", "direct_io_reason" },
 //!   "memory": { "limit_bytes", "reader_pages_in_limit_bytes" (a reader's pages
-//!     beyond 32 MiB, taken out of the join's pool), "peak_reserved_bytes", "peak_rss_bytes" },
+//!     beyond 32 MiB, taken out of the join's pool), "direct_io_buffers_in_limit_bytes"
+//!     (likewise, the direct I/O buffers), "peak_reserved_bytes", "peak_rss_bytes" },
 //!   "stale_removed": { "spill_dirs", "spill_dir_bytes", "temporary_outputs",
 //!                      "temporary_output_bytes", "failures" },  // left by killed joins
 //!   ...the same figures flat, as earlier versions wrote them
@@ -119,6 +121,7 @@ pub fn report(
         "memory": {
             "limit_bytes": plan.limit_bytes,
             "reader_pages_in_limit_bytes": plan.reader_pages_in_pool,
+            "direct_io_buffers_in_limit_bytes": plan.direct_io_in_pool,
             "peak_reserved_bytes": m.peak_reserved_bytes,
             "peak_rss_bytes": peak_rss,
         },

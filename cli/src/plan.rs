@@ -91,6 +91,9 @@ pub struct Plan {
     /// What of the limit the input readers' decoded pages take, outside the join's
     /// pool ([`reader_pages_in_pool`]); the join has the rest.
     pub reader_pages_in_pool: u64,
+    /// What of the limit the direct I/O buffers take, outside the join's pool
+    /// ([`direct_io::buffers_in_pool`]).
+    pub direct_io_in_pool: u64,
     /// Worker threads.
     pub threads: usize,
     /// The spill settings.
@@ -154,15 +157,16 @@ impl Plan {
         if let Some(filter) = &filter {
             builder = builder.with_filter(filter.join_filter(&left_schema, &right_schema)?);
         }
-        let join = builder.clone().build().map_err(|e| key_hint(e, &request))?;
+        let mut join = builder.clone().build().map_err(|e| key_hint(e, &request))?;
+        let direct_io = choose_direct_io(run, &join, (left_stats, right_stats), threads);
+        let join_limit = join.memory_limit() as u64;
+        let direct_io_in_pool =
+            direct_io::buffers_in_pool(direct_io.direct, limit_given, threads, join_limit);
+        if direct_io_in_pool > 0 {
+            builder = builder.with_memory_pool(memory_pool(join_limit - direct_io_in_pool));
+            join = builder.clone().build().map_err(|e| key_hint(e, &request))?;
+        }
         let (schema, rename) = output_schema(&join, selected.as_deref(), &request);
-        let (build, probe) = build_and_probe(join.build_side(), left_stats, right_stats);
-        let expected_spill = expected_spill_bytes(build, probe, join.memory_limit() as u64);
-        let direct_io = direct_io::decide(
-            run.spill_direct_io,
-            expected_spill,
-            spilljoin::memory::available_memory_bytes(),
-        );
         let mut spill = spill_config(run);
         spill.direct_io = direct_io.direct;
         Ok(Self {
@@ -178,6 +182,7 @@ impl Plan {
             limit_bytes,
             limit_given,
             reader_pages_in_pool,
+            direct_io_in_pool,
             threads,
             spill,
             direct_io_reason: direct_io.reason,
@@ -316,7 +321,13 @@ impl Plan {
             },
             if self.spill.direct_io { "on" } else { "off" },
             self.direct_io_reason
-        )
+        ) + &match self.direct_io_in_pool {
+            0 => String::new(),
+            bytes => format!(
+                "; its buffers' {} come out of the limit",
+                human_bytes(bytes)
+            ),
+        }
     }
 
     /// `--explain`'s output: its columns and where they go.
@@ -374,6 +385,25 @@ fn reader_pages_in_pool(pages: u64, limit_bytes: u64, limit_given: bool) -> u64 
     pages
         .saturating_sub(READER_PAGES_BYTES)
         .min(limit_bytes / 4)
+}
+
+/// Whether `join` spills with direct I/O (`--spill-direct-io`; `auto` from the
+/// spill expected of the inputs' statistics under the join's limit).
+fn choose_direct_io(
+    run: &RunArgs,
+    join: &HashJoin,
+    (left, right): (InputStatistics, InputStatistics),
+    threads: usize,
+) -> direct_io::DirectIoChoice {
+    let (build, probe) = build_and_probe(join.build_side(), left, right);
+    let join_limit = join.memory_limit() as u64;
+    let situation = direct_io::Situation {
+        expected_spill: expected_spill_bytes(build, probe, join_limit),
+        available: spilljoin::memory::available_memory_bytes(),
+        buffers: direct_io::buffer_bytes(threads),
+        join_limit,
+    };
+    direct_io::decide(run.spill_direct_io, situation)
 }
 
 /// The join's pool: greedy under the limit, naming its largest consumers when it

@@ -687,21 +687,44 @@ fn metrics_file_matches_the_printed_rows() {
 #[test]
 fn spill_direct_io_is_auto_unless_asked_and_reported_with_its_reason() {
     let f = Fixture::new();
-    let expected = f.join(&["--memory-limit", "32MiB"]).rows();
+    let expected = f.join(&["--memory-limit", "256MiB"]).rows();
     // Six-row inputs spill nothing, so `auto` reads buffered; the flag alone is `on`.
-    for (flag, direct, reason) in [
-        (None, false, "auto: about"),
-        (Some("--spill-direct-io"), true, "--spill-direct-io on"),
-        (Some("--spill-direct-io=on"), true, "--spill-direct-io on"),
+    // Under 32 MiB, `auto` leaves the direct buffers' 5 MiB a thread out of the limit.
+    for (limit, flag, direct, reason) in [
+        ("256MiB", None, false, "not over a quarter"),
         (
+            "256MiB",
+            Some("--spill-direct-io"),
+            true,
+            "--spill-direct-io on",
+        ),
+        (
+            "256MiB",
+            Some("--spill-direct-io=on"),
+            true,
+            "--spill-direct-io on",
+        ),
+        (
+            "256MiB",
             Some("--spill-direct-io=off"),
             false,
             "--spill-direct-io off",
         ),
-        (Some("--spill-direct-io=auto"), false, "not over a quarter"),
+        (
+            "256MiB",
+            Some("--spill-direct-io=auto"),
+            false,
+            "not over a quarter",
+        ),
+        (
+            "32MiB",
+            Some("--spill-direct-io=auto"),
+            false,
+            "more than an eighth",
+        ),
     ] {
         let metrics = f.path("direct.json");
-        let mut args = vec!["--memory-limit", "32MiB", "--metrics"];
+        let mut args = vec!["--threads", "2", "--memory-limit", limit, "--metrics"];
         args.push(metrics.to_str().unwrap());
         args.extend(flag);
         assert_eq!(f.join(&args).rows(), expected, "{flag:?}");
@@ -716,6 +739,9 @@ fn spill_direct_io_is_auto_unless_asked_and_reported_with_its_reason() {
         );
         let reason = reason.replace(' ', "");
         assert!(json.contains(&reason), "{flag:?}: {json}");
+        // Direct, its buffers (two threads' worth) come out of the join's limit.
+        let in_limit = json_number(&json, "direct_io_buffers_in_limit_bytes");
+        assert_eq!(in_limit > 0.0, direct, "{flag:?}: {json}");
     }
     f.join(&["--spill-direct-io=sometimes"])
         .usage_error(&["sometimes", "auto, on or off"]);

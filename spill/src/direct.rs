@@ -49,6 +49,12 @@ pub(crate) const TRANSFER_BYTES: usize = 1 << 20;
 /// (BENCHMARKS.md, the choices table).
 const RUNS_AHEAD: usize = 3;
 
+/// The direct I/O buffers one thread uses at once, at most: an open reader's run and
+/// the runs it reads ahead, and a writer's buffer. They are outside the memory pool
+/// (a fixed few MiB, not growing with the input); a caller that bounds its process's
+/// memory counts this much a thread in its limit (the command line does).
+pub const DIRECT_IO_BYTES_PER_THREAD: usize = (RUNS_AHEAD + 2) * TRANSFER_BYTES;
+
 /// A heap buffer of `len` bytes whose start is [`BLOCK`]-aligned.
 struct Aligned {
     bytes: Vec<u8>,

@@ -49,6 +49,14 @@ extensions_options! {
         /// them (or builds once for all of them, and probes one per partition, where
         /// its output keeps the probe's partitioning).
         pub threads: usize, default = 0
+        /// The partitions of a plan may run in different processes (the tasks of a
+        /// distributed engine such as Ballista), so no join may coordinate its output
+        /// partitions in memory: a `CollectLeft` join that outputs probe rows only
+        /// builds for each partition and probes it with that partition's rows, and one
+        /// that outputs build rows (left, full, left semi, anti or mark, `NOT IN`)
+        /// has its probe side coalesced to one partition, since which build rows no
+        /// probe row matched is known only after all of them.
+        pub distributed: bool, default = false
     }
 }
 

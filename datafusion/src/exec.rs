@@ -18,7 +18,9 @@
 //! - `CollectLeft` where it does (a hash- or range-partitioned probe, and a join
 //!   type that outputs probe rows only): the build is prepared once and each output
 //!   partition probes it with its own probe partition ([`crate::shared_build`]).
-//!   The rule makes these unless `spilljoin.prepared_collect_left` is off.
+//!   The rule makes these unless `spilljoin.prepared_collect_left` is off. With
+//!   `spilljoin.distributed` every `CollectLeft` join that outputs probe rows only
+//!   runs so: its partitions may be tasks in different processes.
 //!
 //! [`SpilljoinExec::try_new`] refuses joins with an output ordering (the engine does
 //! not keep the probe's order); the rule leaves them to `HashJoinExec`.
@@ -139,6 +141,14 @@ impl SpilljoinExec {
         }
     }
 
+    /// Whether this is a `CollectLeft` join that outputs build rows under
+    /// `spilljoin.distributed`, whose probe side is then one partition.
+    fn outputs_build_rows_in_one_task(&self) -> bool {
+        self.settings.as_ref().is_some_and(|s| s.distributed)
+            && self.hash.mode == PartitionMode::CollectLeft
+            && !outputs_probe_only(&self.hash)
+    }
+
     /// The `HashJoinExec` this join executes.
     pub fn hash_join(&self) -> &Arc<HashJoinExec> {
         &self.hash
@@ -197,7 +207,7 @@ pub(crate) fn keeps_probe_partitioning(hash: &HashJoinExec) -> bool {
 
 /// Whether `hash` outputs rows of its probe (right) side only, so each probe
 /// partition can be joined alone with the whole build.
-fn outputs_probe_only(hash: &HashJoinExec) -> bool {
+pub(crate) fn outputs_probe_only(hash: &HashJoinExec) -> bool {
     use datafusion::common::JoinType as T;
     matches!(
         hash.join_type(),
@@ -237,10 +247,19 @@ impl ExecutionPlan for SpilljoinExec {
     }
 
     fn required_input_distribution(&self) -> Vec<Distribution> {
-        self.hash.input_distribution_requirements().into_per_child()
+        self.input_distribution_requirements().into_per_child()
     }
 
     fn input_distribution_requirements(&self) -> InputDistributionRequirements {
+        // Distributed, a join that outputs build rows sees every probe row in one
+        // task (`spilljoin.distributed`): its probe side must stay one partition
+        // when a distributed planner re-enforces distributions stage by stage.
+        if self.outputs_build_rows_in_one_task() {
+            return InputDistributionRequirements::new(vec![
+                Distribution::SinglePartition,
+                Distribution::SinglePartition,
+            ]);
+        }
         self.hash.input_distribution_requirements()
     }
 
@@ -358,7 +377,10 @@ impl SpilljoinExec {
         let report = Report::new(&self.metrics, partition);
         let share = self.pool_share();
         let settings = self.settings.clone();
-        if hash.mode == PartitionMode::CollectLeft && keeps_probe_partitioning(&hash) {
+        let distributed = settings.as_ref().is_some_and(|s| s.distributed);
+        if hash.mode == PartitionMode::CollectLeft
+            && (keeps_probe_partitioning(&hash) || (distributed && outputs_probe_only(&hash)))
+        {
             return self.probe_shared_build(partition, partitions, context, report);
         }
         let shared = Arc::clone(&self.shared);

@@ -22,12 +22,14 @@ use datafusion::common::Result;
 use datafusion::execution::session_state::SessionStateBuilder;
 use datafusion::physical_optimizer::optimizer::PhysicalOptimizer;
 use datafusion::physical_optimizer::PhysicalOptimizerRule;
-use datafusion::physical_plan::joins::HashJoinExec;
+use datafusion::physical_plan::coalesce_partitions::CoalescePartitionsExec;
+use datafusion::physical_plan::joins::{HashJoinExec, PartitionMode};
 use datafusion::physical_plan::statistics::{StatisticsArgs, StatisticsContext};
 use datafusion::physical_plan::ExecutionPlan;
+use datafusion::physical_plan::ExecutionPlanProperties;
 
 use crate::config::SpilljoinConfig;
-use crate::exec::keeps_probe_partitioning;
+use crate::exec::{keeps_probe_partitioning, outputs_probe_only};
 use crate::SpilljoinExec;
 
 /// Replaces every `HashJoinExec` it can by a [`SpilljoinExec`] (see the module
@@ -64,7 +66,10 @@ impl PhysicalOptimizerRule for SpilljoinRule {
                     return Ok(Transformed::no(node));
                 }
                 // The builder keeps every field of the node, its properties included.
-                let hash = Arc::new(hash.builder().build()?);
+                let hash = Arc::new(match settings.distributed {
+                    true => one_task_where_build_rows_are_output(hash)?,
+                    false => hash.builder().build()?,
+                });
                 Ok(match SpilljoinExec::try_new(hash) {
                     Ok(exec) => {
                         Transformed::yes(Arc::new(exec.with_settings(settings.clone()))
@@ -89,6 +94,26 @@ impl PhysicalOptimizerRule for SpilljoinRule {
     fn schema_check(&self) -> bool {
         true
     }
+}
+
+/// `hash` as a distributed engine can run it (`spilljoin.distributed`): a
+/// `CollectLeft` join that outputs build rows gets its probe side coalesced to one
+/// partition, so that one task sees every probe row before it outputs the build rows
+/// none matched. (In one process the partitions share one run instead; as tasks of
+/// a distributed engine each would output them, some wrongly.)
+fn one_task_where_build_rows_are_output(hash: &HashJoinExec) -> Result<HashJoinExec> {
+    let probe = hash.right();
+    if hash.mode != PartitionMode::CollectLeft
+        || outputs_probe_only(hash)
+        || probe.output_partitioning().partition_count() <= 1
+    {
+        return hash.builder().build();
+    }
+    let coalesced: Arc<dyn ExecutionPlan> =
+        Arc::new(CoalescePartitionsExec::new(Arc::clone(probe)));
+    hash.builder()
+        .with_new_children(vec![Arc::clone(hash.left()), coalesced])?
+        .build()
 }
 
 /// Every [`SpilljoinExec`] in `plan`.

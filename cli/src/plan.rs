@@ -149,23 +149,11 @@ impl Plan {
             limit_bytes - reader_pages_in_pool,
             threads,
         );
-        if let Some(selected) = &selected {
-            let sides = join_type.output_sides();
-            let projection = select::projection(selected, &left_schema, &right_schema, sides)?;
-            builder = builder.with_projection(projection);
-        }
-        if let Some(filter) = &filter {
-            builder = builder.with_filter(filter.join_filter(&left_schema, &right_schema)?);
-        }
-        let mut join = builder.clone().build().map_err(|e| key_hint(e, &request))?;
-        let direct_io = choose_direct_io(run, &join, (left_stats, right_stats), threads);
-        let join_limit = join.memory_limit() as u64;
-        let direct_io_in_pool =
-            direct_io::buffers_in_pool(direct_io.direct, limit_given, threads, join_limit);
-        if direct_io_in_pool > 0 {
-            builder = builder.with_memory_pool(memory_pool(join_limit - direct_io_in_pool));
-            join = builder.clone().build().map_err(|e| key_hint(e, &request))?;
-        }
+        let schemas = (&left_schema, &right_schema);
+        let (selected_ref, filter_ref) = (selected.as_deref(), filter.as_ref());
+        builder = select_and_filter(builder, join_type, selected_ref, filter_ref, schemas)?;
+        let (join, direct_io, direct_io_in_pool) =
+            build_with_direct_io(&mut builder, &request, (left_stats, right_stats), threads)?;
         let (schema, rename) = output_schema(&join, selected.as_deref(), &request);
         let mut spill = spill_config(run);
         spill.direct_io = direct_io.direct;
@@ -385,6 +373,49 @@ fn reader_pages_in_pool(pages: u64, limit_bytes: u64, limit_given: bool) -> u64 
     pages
         .saturating_sub(READER_PAGES_BYTES)
         .min(limit_bytes / 4)
+}
+
+/// `builder` with the `--select` projection and the `--filter` predicate, if given.
+fn select_and_filter(
+    mut builder: HashJoinBuilder,
+    join_type: JoinType,
+    selected: Option<&[Selected]>,
+    filter: Option<&Filter>,
+    (left, right): (&SchemaRef, &SchemaRef),
+) -> Result<HashJoinBuilder> {
+    if let Some(selected) = selected {
+        let sides = join_type.output_sides();
+        builder = builder.with_projection(select::projection(selected, left, right, sides)?);
+    }
+    if let Some(filter) = filter {
+        builder = builder.with_filter(filter.join_filter(left, right)?);
+    }
+    Ok(builder)
+}
+
+/// The join `builder` makes, whether it spills with direct I/O, and what of the limit
+/// the direct I/O buffers take: under a given limit they come out of the join's pool,
+/// and the join is made again with the rest ([`direct_io::buffers_in_pool`]).
+fn build_with_direct_io(
+    builder: &mut HashJoinBuilder,
+    request: &JoinRequest,
+    stats: (InputStatistics, InputStatistics),
+    threads: usize,
+) -> Result<(HashJoin, direct_io::DirectIoChoice, u64)> {
+    let run = &request.run;
+    let join = builder.clone().build().map_err(|e| key_hint(e, request))?;
+    let direct_io = choose_direct_io(run, &join, stats, threads);
+    let join_limit = join.memory_limit() as u64;
+    let limit_given = run.memory_limit.is_some();
+    let in_pool = direct_io::buffers_in_pool(direct_io.direct, limit_given, threads, join_limit);
+    if in_pool == 0 {
+        return Ok((join, direct_io, 0));
+    }
+    *builder = builder
+        .clone()
+        .with_memory_pool(memory_pool(join_limit - in_pool));
+    let join = builder.clone().build().map_err(|e| key_hint(e, request))?;
+    Ok((join, direct_io, in_pool))
 }
 
 /// Whether `join` spills with direct I/O (`--spill-direct-io`; `auto` from the

@@ -8,8 +8,11 @@
 //! Each executor runs one task at a time, so a stage's tasks land on both executors
 //! (with two slots each, one executor often took a whole stage, which hid a join
 //! whose partitions coordinated in memory: TPC-H Q22 came out doubled). Every query
-//! must give the reference's answer under [`EXECUTOR_LIMIT`] per executor, and again
-//! with every build partition spilled.
+//! must give the reference's answer under [`EXECUTOR_LIMIT`] per executor.
+//!
+//! Not here: forced spilling. A client's `spilljoin.*` settings do not reach the
+//! scheduler's session (it plans with the defaults of `session_config`), so a
+//! session cannot ask for it yet.
 //!
 //! Not asserted here: that stock plans fail at this limit. At this scale they do not
 //! (each task's build is small); BENCHMARKS.md has the SF10 runs where they do.
@@ -189,27 +192,6 @@ async fn tpch_on_two_limited_executors_matches_single_process_datafusion() {
     );
     assert_eq!(ours.answered.len(), 22, "{ours:?}");
 
-    // Every build partition spilled, two levels down, in the executors: the settings
-    // travel with the plan (SpilljoinCodec).
-    let mut config = spilljoin_ballista::session_config(PARTITIONS);
-    for (key, value) in [
-        ("spilljoin.force_spill", "1"),
-        ("spilljoin.force_spill_depth", "2"),
-    ] {
-        config.options_mut().set(key, value).unwrap();
-    }
-    let forced = spilljoin_ballista::client(cluster.scheduler(), config)
-        .await
-        .unwrap();
-    set(&forced, SMALL_SORTS).await;
-    register_all(&forced, data.path()).await;
-    let forced = run_all(&forced, &reference).await;
-    assert!(
-        forced.wrong.is_empty(),
-        "forced spilling:\n{}",
-        forced.wrong.join("\n")
-    );
-    assert_eq!(forced.answered.len(), 22, "forced spilling: {forced:?}");
     // DataFusion's disk manager keeps its directory while the executor lives; no
     // file may be left in it.
     for i in 0..2 {

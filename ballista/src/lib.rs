@@ -45,7 +45,9 @@ use datafusion::execution::runtime_env::{RuntimeEnv, RuntimeEnvBuilder};
 use datafusion::execution::session_state::{SessionState, SessionStateBuilder};
 use datafusion::prelude::{SessionConfig, SessionContext};
 use datafusion_proto::physical_plan::PhysicalExtensionCodec;
-use spilljoin_datafusion::{with_spilljoin, with_spilljoin_config, SpilljoinCodec};
+use spilljoin_datafusion::{
+    with_spilljoin, with_spilljoin_config, SpilljoinCodec, SpilljoinConfig,
+};
 
 /// Ballista's adaptive query planner (see [`session_config`]).
 const BALLISTA_ADAPTIVE_PLANNER_ENABLED: &str =
@@ -60,6 +62,14 @@ pub fn physical_codec() -> Arc<dyn PhysicalExtensionCodec> {
     SpilljoinCodec::composed_with(Arc::new(BallistaPhysicalExtensionCodec::default()))
 }
 
+/// Ballista's codec with [`physical_codec`], for the scheduler and executors.
+fn codec() -> BallistaCodec {
+    BallistaCodec::new(
+        Arc::new(ballista_core::serde::BallistaLogicalExtensionCodec::default()),
+        physical_codec(),
+    )
+}
+
 /// A Ballista session configuration with spilljoin: the `spilljoin.*` settings, the
 /// codec, hash joins preferred, the static planner, and `NOT IN` left as a
 /// null-aware anti join (see the module docs), and `target_partitions` partitions per
@@ -70,11 +80,15 @@ pub fn session_config(target_partitions: usize) -> SessionConfig {
         .with_target_partitions(target_partitions.max(1));
     let options = config.options_mut();
     // A stage's partitions are tasks, perhaps on different executors.
-    let _ = options.set("spilljoin.distributed", "true");
+    if let Some(spilljoin) = options.extensions.get_mut::<SpilljoinConfig>() {
+        spilljoin.distributed = true;
+    }
     options.optimizer.prefer_hash_join = true;
     // Ballista's adaptive planner (on by default) plans joins with physical rules of
     // its own and makes its hash joins while the job runs: no session rule sees them.
-    // The static planner plans with the session's rules, so SpilljoinRule's.
+    // The static planner plans with the session's rules, so SpilljoinRule's. (Both
+    // keys are Ballista's own, registered by `new_with_ballista`: the test below
+    // checks that they took.)
     let _ = options.set(BALLISTA_ADAPTIVE_PLANNER_ENABLED, "false");
     let _ = options.set(BALLISTA_NOT_IN_REWRITE, "false");
     config
@@ -87,7 +101,7 @@ pub fn session_config(target_partitions: usize) -> SessionConfig {
 /// # Errors
 /// DataFusion's, building the session.
 pub fn session_state(config: SessionConfig) -> Result<SessionState> {
-    let state = default_session_builder(with_spilljoin_config(config))?;
+    let state = default_session_builder(config)?;
     Ok(with_spilljoin(SessionStateBuilder::new_from_existing(state)).build())
 }
 
@@ -162,11 +176,6 @@ impl Cluster {
     pub async fn context(&self) -> Result<SessionContext> {
         client(self.scheduler, session_config(self.target_partitions)).await
     }
-
-    /// The scheduler's address as a client URL.
-    pub fn url(&self) -> String {
-        scheduler_url(self.scheduler)
-    }
 }
 
 fn scheduler_url(scheduler: SocketAddr) -> String {
@@ -176,7 +185,8 @@ fn scheduler_url(scheduler: SocketAddr) -> String {
 /// A client session on the scheduler at `scheduler` with `config` (normally
 /// [`session_config`]). Its `datafusion.*` and `ballista.*` settings reach the
 /// scheduler; its `spilljoin.*` settings do not (the scheduler plans with those of
-/// [`session_config`]: checked with `EXPLAIN`, not yet fixed).
+/// [`session_config`]): Ballista sends `ConfigOptions::entries()`, and DataFusion's
+/// `extensions_options!` lists an extension's keys without their prefix.
 ///
 /// # Errors
 /// Ballista's, connecting to the scheduler.
@@ -195,10 +205,7 @@ pub async fn start_scheduler(target_partitions: usize) -> Result<SocketAddr> {
     ballista_scheduler::standalone::new_standalone_scheduler_with_builder(
         Arc::new(session_state),
         config_producer,
-        BallistaCodec::new(
-            Arc::new(ballista_core::serde::BallistaLogicalExtensionCodec::default()),
-            physical_codec(),
-        ),
+        codec(),
     )
     .await
     .map_err(ballista_error)
@@ -218,17 +225,13 @@ pub async fn start_executor(
     let runtime = options.runtime()?;
     let runtime_producer: RuntimeProducer = Arc::new(move |_| Ok(Arc::clone(&runtime)));
     let config_producer: ConfigProducer = Arc::new(move || session_config(target_partitions));
-    let codec = BallistaCodec::new(
-        Arc::new(ballista_core::serde::BallistaLogicalExtensionCodec::default()),
-        physical_codec(),
-    );
     let client = connect(scheduler).await?;
     ballista_executor::new_standalone_executor_from_builder(
         client,
         options.concurrent_tasks.max(1),
         config_producer,
         runtime_producer,
-        codec,
+        codec(),
         Default::default(),
     )
     .await
@@ -254,4 +257,32 @@ async fn connect(scheduler: SocketAddr) -> Result<SchedulerGrpcClient<tonic::tra
 
 fn ballista_error(e: ballista_core::error::BallistaError) -> DataFusionError {
     DataFusionError::External(Box::new(e))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_session_plans_spilling_hash_joins_with_the_static_planner() {
+        let config = session_config(3);
+        let options = config.options();
+        // Ballista's entries carry their full keys.
+        let entry = |key: &str| {
+            options
+                .entries()
+                .into_iter()
+                .find(|e| e.key == key)
+                .and_then(|e| e.value)
+        };
+        assert_eq!(
+            entry(BALLISTA_ADAPTIVE_PLANNER_ENABLED).as_deref(),
+            Some("false")
+        );
+        assert_eq!(entry(BALLISTA_NOT_IN_REWRITE).as_deref(), Some("false"));
+        let spilljoin = options.extensions.get::<SpilljoinConfig>();
+        assert!(spilljoin.is_some_and(|s| s.enabled && s.distributed));
+        assert!(options.optimizer.prefer_hash_join);
+        assert_eq!(options.execution.target_partitions, 3);
+    }
 }

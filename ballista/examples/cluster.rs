@@ -87,8 +87,8 @@ struct QueryArgs {
     /// A Parquet table, NAME=PATH (a file or a directory of files).
     #[arg(long = "table", value_parser = parse_table)]
     tables: Vec<(String, String)>,
-    /// A setting for the query's session, KEY=VALUE (datafusion.* or ballista.*; the
-    /// scheduler does not take spilljoin.* settings from a client yet).
+    /// A setting for the query's session, KEY=VALUE (datafusion.*, ballista.* or
+    /// spilljoin.*: spilljoin.enabled=false runs stock hash joins).
     #[arg(long = "set", value_parser = parse_table)]
     settings: Vec<(String, String)>,
     /// The query.

@@ -17,7 +17,7 @@
 //! planner (the adaptive one plans joins with rules of its own, at run time),
 //! `spilljoin.*` registered on every session (the scheduler rebuilds the client's
 //! session from its key-value settings), and the codec on both scheduler and
-//! executors. [`session_config`] carries all three, [`session_state`] is the
+//! executors. [`session_config`] carries them all, [`session_state`] is the
 //! scheduler's session builder, and [`Cluster`] starts a scheduler and executors
 //! in this process (tests, single-machine runs); [`start_executor`] connects one
 //! executor of this process to a scheduler elsewhere.
@@ -183,10 +183,10 @@ fn scheduler_url(scheduler: SocketAddr) -> String {
 }
 
 /// A client session on the scheduler at `scheduler` with `config` (normally
-/// [`session_config`]). Its `datafusion.*` and `ballista.*` settings reach the
-/// scheduler; its `spilljoin.*` settings do not (the scheduler plans with those of
-/// [`session_config`]): Ballista sends `ConfigOptions::entries()`, and DataFusion's
-/// `extensions_options!` lists an extension's keys without their prefix.
+/// [`session_config`], changed as the job needs: `spilljoin.force_spill`,
+/// `spilljoin.enabled = false` for stock joins). The scheduler takes the session's
+/// settings from its first job, so set them in `config` or with `SET` before the
+/// first query; a `SET` after it does not reach the cluster.
 ///
 /// # Errors
 /// Ballista's, connecting to the scheduler.

@@ -10,12 +10,10 @@
 //! whose partitions coordinated in memory: TPC-H Q22 came out doubled). Every query
 //! must give the reference's answer under [`EXECUTOR_LIMIT`] per executor.
 //!
-//! Not here: forced spilling. A client's `spilljoin.*` settings do not reach the
-//! scheduler's session (it plans with the defaults of `session_config`), so a
-//! session cannot ask for it yet.
-//!
-//! Not asserted here: that stock plans fail at this limit. At this scale they do not
-//! (each task's build is small); BENCHMARKS.md has the SF10 runs where they do.
+//! Then again with every join forced to spill (`spilljoin.force_spill`, a client
+//! setting that must reach the scheduler). The 22 queries' stock plans answer at
+//! this scale under the limit (each task's build is small), so a join of `orders`'
+//! string columns to `lineitem` shows stock hash joins failing where ours answer.
 
 #[path = "../../datafusion/tests/common/mod.rs"]
 mod common;
@@ -26,10 +24,11 @@ use std::sync::Arc;
 use common::{canonical_rows, difference, failing_consumer, Table};
 use datafusion::arrow::array::{Int64Array, RecordBatch};
 use datafusion::arrow::datatypes::{DataType, Field, Schema};
+use datafusion::common::Result;
 use datafusion::error::DataFusionError;
 use datafusion::parquet::arrow::ArrowWriter;
 use datafusion::prelude::{ParquetReadOptions, SessionConfig, SessionContext};
-use spilljoin_ballista::{Cluster, ExecutorOptions};
+use spilljoin_ballista::{client, session_config, Cluster, ExecutorOptions};
 use tempfile::TempDir;
 
 /// The scale factor: lineitem has about 60,000 rows.
@@ -181,16 +180,16 @@ async fn tpch_on_two_limited_executors_matches_single_process_datafusion() {
 
     let spill = TempDir::new().unwrap();
     let cluster = limited_cluster(spill.path()).await;
-    let ctx = cluster.context().await.unwrap();
-    set(&ctx, SMALL_SORTS).await;
-    register_all(&ctx, data.path()).await;
-    let ours = run_all(&ctx, &reference).await;
-    assert!(
-        ours.wrong.is_empty(),
-        "spilljoin:\n{}",
-        ours.wrong.join("\n")
-    );
-    assert_eq!(ours.answered.len(), 22, "{ours:?}");
+    for (pass, settings) in [
+        ("spilljoin", &[][..]),
+        ("forced spilling", &FORCE_SPILL[..]),
+    ] {
+        let ctx = session(&cluster, settings).await.unwrap();
+        register_all(&ctx, data.path()).await;
+        let ours = run_all(&ctx, &reference).await;
+        assert!(ours.wrong.is_empty(), "{pass}:\n{}", ours.wrong.join("\n"));
+        assert_eq!(ours.answered.len(), 22, "{pass}: {ours:?}");
+    }
 
     // DataFusion's disk manager keeps its directory while the executor lives; no
     // file may be left in it.
@@ -200,6 +199,86 @@ async fn tpch_on_two_limited_executors_matches_single_process_datafusion() {
             left.is_empty(),
             "executor {i} left spill files behind: {left:?}"
         );
+    }
+}
+
+/// Every join spills all its build partitions, and so do the joins of its spilled
+/// pairs one level down.
+const FORCE_SPILL: [(&str, &str); 2] = [
+    ("spilljoin.force_spill", "1"),
+    ("spilljoin.force_spill_depth", "1"),
+];
+
+/// A client session on `cluster` with small sorts and `settings` on top of
+/// `session_config`'s, set before its first job (when the scheduler takes them).
+async fn session(cluster: &Cluster, settings: &[(&str, &str)]) -> Result<SessionContext> {
+    let mut config = session_config(PARTITIONS);
+    for (key, value) in settings {
+        config.options_mut().set(key, value)?;
+    }
+    let ctx = client(cluster.scheduler(), config).await?;
+    set(&ctx, SMALL_SORTS).await;
+    Ok(ctx)
+}
+
+/// The plan the scheduler made for `sql`, as `EXPLAIN` on the cluster prints it.
+async fn cluster_plan(ctx: &SessionContext, sql: &str) -> String {
+    let batches = ctx
+        .sql(&format!("EXPLAIN {sql}"))
+        .await
+        .unwrap()
+        .collect()
+        .await
+        .unwrap();
+    datafusion::arrow::util::pretty::pretty_format_batches(&batches)
+        .unwrap()
+        .to_string()
+}
+
+/// A join whose build, `orders` with two string columns (about 10 MB at [`SF`],
+/// half in each task), is more than an executor's limit.
+const WIDE_JOIN: &str = "SELECT count(*), sum(length(o_comment)), max(o_clerk), \
+     sum(l_quantity) FROM orders JOIN lineitem ON o_orderkey = l_orderkey";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn stock_hash_joins_fail_where_ours_answer_and_settings_reach_the_scheduler() {
+    let data = TempDir::new().unwrap();
+    for table in common::tpch_tables(SF, 2) {
+        if table.name == "orders" || table.name == "lineitem" {
+            write_table(data.path(), &table);
+        }
+    }
+    let local = SessionContext::new_with_config(SessionConfig::new().with_target_partitions(2));
+    register_all(&local, data.path()).await;
+    let expected = rows(&local, WIDE_JOIN).await.unwrap();
+
+    let spill = TempDir::new().unwrap();
+    let cluster = limited_cluster(spill.path()).await;
+    let stock = session(&cluster, &[("spilljoin.enabled", "false")])
+        .await
+        .unwrap();
+    register_all(&stock, data.path()).await;
+    let plan = cluster_plan(&stock, WIDE_JOIN).await;
+    assert!(
+        plan.contains("HashJoinExec") && !plan.contains("SpilljoinExec"),
+        "{plan}"
+    );
+    let error = rows(&stock, WIDE_JOIN).await.unwrap_err();
+    let consumer = failing_consumer(&error).unwrap_or_default();
+    assert!(consumer.starts_with("HashJoinInput"), "{error}");
+
+    for (pass, settings) in [
+        ("spilljoin", &[][..]),
+        ("forced spilling", &FORCE_SPILL[..]),
+    ] {
+        let ctx = session(&cluster, settings).await.unwrap();
+        register_all(&ctx, data.path()).await;
+        let plan = cluster_plan(&ctx, WIDE_JOIN).await;
+        assert!(plan.contains("SpilljoinExec"), "{pass}: {plan}");
+        let forced = plan.contains("force_spill=1");
+        assert_eq!(forced, !settings.is_empty(), "{pass}: {plan}");
+        let got = rows(&ctx, WIDE_JOIN).await.unwrap();
+        assert_eq!(got, expected, "{pass}");
     }
 }
 
@@ -259,15 +338,14 @@ async fn not_in_keeps_the_outer_table_distributed_and_exact() {
         let local = SessionContext::new();
         register_all(&local, data.path()).await;
         let expected = rows(&local, query).await.unwrap();
-        let ctx = cluster.context().await.unwrap();
-        set(&ctx, SMALL_SORTS).await;
+        let ctx = session(&cluster, &[]).await.unwrap();
         register_all(&ctx, data.path()).await;
         let got = rows(&ctx, query).await.unwrap();
         assert_eq!(got, expected, "{case}");
 
         // The plan the scheduler makes: a spilling NOT IN whose outer side keeps
         // its four partitions, so the stage that joins runs four tasks.
-        let plan = spilljoin_ballista::session_state(spilljoin_ballista::session_config(4))
+        let plan = spilljoin_ballista::session_state(session_config(4))
             .map(SessionContext::new_with_state)
             .unwrap();
         register_all(&plan, data.path()).await;

@@ -6,12 +6,116 @@
 //! its `TaskContext` when it executes, so a `SET` between planning and execution of
 //! the same plan still applies to how it spills.
 
-use datafusion::common::config::{ConfigExtension, ConfigNonZeroUsize, ExecutionOptions};
-use datafusion::common::{extensions_options, DataFusionError, Result};
+use std::any::Any;
+use std::fmt::Display;
+
+use datafusion::common::config::{
+    ConfigEntry, ConfigExtension, ConfigField, ConfigNonZeroUsize, ExecutionOptions,
+    ExtensionOptions, Visit,
+};
+use datafusion::common::{DataFusionError, Result};
 use datafusion::prelude::SessionConfig;
 use spilljoin::spill::SpillCompression;
 
-extensions_options! {
+/// Defines a settings struct the way DataFusion's `extensions_options!` does (a
+/// field per setting, its doc as the description, `set` by name), except that its
+/// entries carry their full keys, `spilljoin.enabled` and not `enabled`, as
+/// `datafusion.*` entries and Ballista's `ballista.*` do. Whatever copies a session
+/// by its entries needs that: Ballista sends a client's settings to its scheduler,
+/// and its executors' tasks, as `ConfigOptions::entries()` and sets them back by
+/// key, so unprefixed keys were dropped there; `SHOW spilljoin.enabled` finds the
+/// setting by it too.
+macro_rules! prefixed_settings {
+    (
+        $(#[doc = $doc:literal])*
+        pub struct $name:ident {
+            $(
+                $(#[doc = $field_doc:literal])*
+                pub $field:ident : $ty:ty, default = $default:expr
+            )*
+        }
+    ) => {
+        $(#[doc = $doc])*
+        #[derive(Debug, Clone)]
+        #[non_exhaustive]
+        pub struct $name {
+            $( $(#[doc = $field_doc])* pub $field: $ty, )*
+        }
+
+        impl Default for $name {
+            fn default() -> Self {
+                Self { $( $field: $default, )* }
+            }
+        }
+
+        impl ConfigField for $name {
+            fn visit<V: Visit>(&self, v: &mut V, key_prefix: &str, _: &'static str) {
+                $(
+                    let key = format!("{key_prefix}.{}", stringify!($field));
+                    self.$field.visit(v, &key, concat!($($field_doc),*).trim());
+                )*
+            }
+
+            fn set(&mut self, key: &str, value: &str) -> Result<()> {
+                let (field, rest) = key.split_once('.').unwrap_or((key, ""));
+                match field {
+                    $( stringify!($field) => self.$field.set(rest, value), )*
+                    _ => Err(DataFusionError::Configuration(format!(
+                        "no setting {}.{key}",
+                        <Self as ConfigExtension>::PREFIX
+                    ))),
+                }
+            }
+        }
+
+        impl ExtensionOptions for $name {
+            fn as_any(&self) -> &dyn Any {
+                self
+            }
+
+            fn as_any_mut(&mut self) -> &mut dyn Any {
+                self
+            }
+
+            fn cloned(&self) -> Box<dyn ExtensionOptions> {
+                Box::new(self.clone())
+            }
+
+            fn set(&mut self, key: &str, value: &str) -> Result<()> {
+                ConfigField::set(self, key, value)
+            }
+
+            fn entries(&self) -> Vec<ConfigEntry> {
+                let mut entries = Entries(Vec::new());
+                self.visit(&mut entries, <Self as ConfigExtension>::PREFIX, "");
+                entries.0
+            }
+        }
+    };
+}
+
+/// Collects the entries a `ConfigField::visit` lists.
+struct Entries(Vec<ConfigEntry>);
+
+impl Visit for Entries {
+    fn some<V: Display>(&mut self, key: &str, value: V, description: &'static str) {
+        self.0.push(ConfigEntry {
+            key: key.to_owned(),
+            value: Some(value.to_string()),
+            description,
+        });
+    }
+
+    fn none(&mut self, key: &str, description: &'static str) {
+        self.0.push(ConfigEntry {
+            key: key.to_owned(),
+            value: None,
+            description,
+        });
+    }
+}
+
+prefixed_settings! {
     /// The `spilljoin.*` settings.
     pub struct SpilljoinConfig {
         /// Whether `SpilljoinRule` replaces `HashJoinExec` by `SpilljoinExec`.
@@ -187,6 +291,33 @@ mod tests {
             .options_mut()
             .set("spilljoin.no_such_setting", "1")
             .is_err());
+    }
+
+    /// A session rebuilt from another's entries, key by key (as Ballista's scheduler
+    /// and executors rebuild a client's), has its `spilljoin.*` settings.
+    #[test]
+    fn a_session_copied_by_its_entries_keeps_the_settings() -> Result<()> {
+        let mut client = with_spilljoin_config(SessionConfig::new());
+        client.options_mut().set("spilljoin.enabled", "false")?;
+        client.options_mut().set("spilljoin.force_spill", "0.5")?;
+        let entries = client.options().entries();
+        let enabled = entries.iter().find(|e| e.key == "spilljoin.enabled");
+        assert_eq!(enabled.and_then(|e| e.value.as_deref()), Some("false"));
+        assert!(enabled.is_some_and(|e| e.description.starts_with("Whether")));
+
+        let mut copy = with_spilljoin_config(SessionConfig::new());
+        for entry in &entries {
+            if let Some(value) = &entry.value {
+                // Keys of other extensions than this session has fail; ours may not.
+                if entry.key.starts_with("spilljoin.") {
+                    copy.options_mut().set(&entry.key, value)?;
+                }
+            }
+        }
+        let settings = SpilljoinConfig::from_session(copy.options());
+        assert!(!settings.enabled);
+        assert_eq!(settings.force_spill, 0.5);
+        Ok(())
     }
 
     #[test]

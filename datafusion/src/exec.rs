@@ -231,7 +231,13 @@ impl DisplayAs for SpilljoinExec {
                 let line = displayable(self.hash.as_ref()).one_line().to_string();
                 let line = line.trim_end();
                 let line = line.strip_prefix("HashJoinExec: ").unwrap_or(line);
-                write!(f, "SpilljoinExec: {line}")
+                write!(f, "SpilljoinExec: {line}")?;
+                // A plan made to spill whatever the memory says so (tests, and
+                // whoever checks that a cluster took the setting).
+                match self.settings.as_ref().map(|s| s.force_spill) {
+                    Some(fraction) if fraction > 0.0 => write!(f, ", force_spill={fraction}"),
+                    _ => Ok(()),
+                }
             }
         }
     }

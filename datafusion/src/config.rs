@@ -156,10 +156,11 @@ prefixed_settings! {
         /// The partitions of a plan may run in different processes (the tasks of a
         /// distributed engine such as Ballista), so no join may coordinate its output
         /// partitions in memory: a `CollectLeft` join that outputs probe rows only
-        /// builds for each partition and probes it with that partition's rows, and one
-        /// that outputs build rows (left, full, left semi, anti or mark, `NOT IN`)
-        /// has its probe side coalesced to one partition, since which build rows no
-        /// probe row matched is known only after all of them.
+        /// builds for each partition and probes it with that partition's rows, one
+        /// that outputs build rows (left, full, left semi, anti or mark) has its
+        /// probe side coalesced to one partition, since which build rows no probe
+        /// row matched is known only after all of them, and a `NOT IN` joins each
+        /// partition of its outer side with the whole subquery.
         pub distributed: bool, default = false
     }
 }

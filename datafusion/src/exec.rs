@@ -21,6 +21,13 @@
 //!   The rule makes these unless `spilljoin.prepared_collect_left` is off. With
 //!   `spilljoin.distributed` every `CollectLeft` join that outputs probe rows only
 //!   runs so: its partitions may be tasks in different processes.
+//! - `NOT IN` with `spilljoin.distributed`: a shape `HashJoinExec` has no mode for.
+//!   Its outer (left) side keeps its partitions and the subquery (right) is one
+//!   partition; output partition `i` is outer partition `i` joined with the whole
+//!   subquery, which that execution builds (the engine's `NOT IN` builds on the
+//!   subquery side, and its null and emptiness facts are the build's alone), so a
+//!   distributed engine runs a task per outer partition. The node's properties are
+//!   then its own: `HashJoinExec`'s but for the partitioning, the outer side's count.
 //!
 //! [`SpilljoinExec::try_new`] refuses joins with an output ordering (the engine does
 //! not keep the probe's order); the rule leaves them to `HashJoinExec`.
@@ -71,6 +78,8 @@ pub struct SpilljoinExec {
     /// The `spilljoin.*` settings fixed when the plan was made (see
     /// [`SpilljoinExec::with_settings`]); without them, the executing session's.
     settings: Option<SpilljoinConfig>,
+    /// The plan properties: `hash`'s, but for a `NOT IN` per outer partition.
+    properties: Arc<PlanProperties>,
 }
 
 impl SpilljoinExec {
@@ -84,13 +93,14 @@ impl SpilljoinExec {
         check_supported(&hash)?;
         let definition = Arc::new(Definition::new(&hash)?);
         Ok(Self {
-            hash,
             definition,
             metrics: ExecutionPlanMetricsSet::new(),
             shared: Arc::new(Mutex::new(Shared::default())),
             shared_build: Arc::new(Mutex::new(SharedBuild::default())),
             pool_share: AtomicUsize::new(1),
             settings: None,
+            properties: Arc::clone(hash.properties()),
+            hash,
         })
     }
 
@@ -99,6 +109,10 @@ impl SpilljoinExec {
     /// session's, so that a plan shipped to another process
     /// ([`SpilljoinCodec`](crate::SpilljoinCodec)) runs as it was configured.
     pub fn with_settings(mut self, settings: SpilljoinConfig) -> Self {
+        self.properties = match not_in_per_outer_partition(&self.hash, Some(&settings)) {
+            true => not_in_properties(&self.hash),
+            false => Arc::clone(self.hash.properties()),
+        };
         self.settings = Some(settings);
         self
     }
@@ -136,7 +150,7 @@ impl SpilljoinExec {
     /// `collect_left_keeps_the_probe_partitioning` test ran out of memory).
     pub fn executions(&self) -> usize {
         match self.hash.mode {
-            PartitionMode::CollectLeft => 1,
+            PartitionMode::CollectLeft if !self.per_outer_partition() => 1,
             _ => self.properties().output_partitioning().partition_count(),
         }
     }
@@ -147,6 +161,12 @@ impl SpilljoinExec {
         self.settings.as_ref().is_some_and(|s| s.distributed)
             && self.hash.mode == PartitionMode::CollectLeft
             && !outputs_probe_only(&self.hash)
+            && !self.per_outer_partition()
+    }
+
+    /// Whether this is a `NOT IN` joined per outer partition (see the module docs).
+    fn per_outer_partition(&self) -> bool {
+        not_in_per_outer_partition(&self.hash, self.settings.as_ref())
     }
 
     /// The `HashJoinExec` this join executes.
@@ -159,10 +179,12 @@ impl SpilljoinExec {
     fn rewrap(&self, hash: HashJoinExec) -> Arc<dyn ExecutionPlan> {
         let hash = Arc::new(hash);
         match Self::try_new(Arc::clone(&hash)) {
-            Ok(mut exec) => {
+            Ok(exec) => {
                 exec.set_pool_share(self.pool_share());
-                exec.settings.clone_from(&self.settings);
-                Arc::new(exec)
+                match &self.settings {
+                    Some(settings) => Arc::new(exec.with_settings(settings.clone())),
+                    None => Arc::new(exec),
+                }
             }
             Err(_) => hash,
         }
@@ -205,6 +227,31 @@ pub(crate) fn keeps_probe_partitioning(hash: &HashJoinExec) -> bool {
         && hash.right().output_partitioning().partition_count() > 1
 }
 
+/// Whether `hash` is a `NOT IN` that runs per outer partition with `settings` (see
+/// the module docs): `spilljoin.distributed` and a null-aware `CollectLeft` join.
+pub(crate) fn not_in_per_outer_partition(
+    hash: &HashJoinExec,
+    settings: Option<&SpilljoinConfig>,
+) -> bool {
+    settings.is_some_and(|s| s.distributed)
+        && hash.mode == PartitionMode::CollectLeft
+        && hash.null_aware
+}
+
+/// The properties of a `NOT IN` per outer partition: `hash`'s equivalences (its
+/// output rows are outer rows, as theirs), emission and boundedness, and as many
+/// output partitions as the outer side has, of no known partitioning.
+fn not_in_properties(hash: &HashJoinExec) -> Arc<PlanProperties> {
+    let own = hash.properties();
+    let outer = hash.left().output_partitioning().partition_count();
+    Arc::new(PlanProperties::new(
+        own.eq_properties.clone(),
+        Partitioning::UnknownPartitioning(outer),
+        own.emission_type,
+        own.boundedness,
+    ))
+}
+
 /// Whether `hash` outputs rows of its probe (right) side only, so each probe
 /// partition can be joined alone with the whole build.
 pub(crate) fn outputs_probe_only(hash: &HashJoinExec) -> bool {
@@ -232,6 +279,9 @@ impl DisplayAs for SpilljoinExec {
                 let line = line.trim_end();
                 let line = line.strip_prefix("HashJoinExec: ").unwrap_or(line);
                 write!(f, "SpilljoinExec: {line}")?;
+                if self.per_outer_partition() {
+                    write!(f, ", per outer partition")?;
+                }
                 // A plan made to spill whatever the memory says so (tests, and
                 // whoever checks that a cluster took the setting).
                 match self.settings.as_ref().map(|s| s.force_spill) {
@@ -249,7 +299,7 @@ impl ExecutionPlan for SpilljoinExec {
     }
 
     fn properties(&self) -> &Arc<PlanProperties> {
-        self.hash.properties()
+        &self.properties
     }
 
     fn required_input_distribution(&self) -> Vec<Distribution> {
@@ -263,6 +313,12 @@ impl ExecutionPlan for SpilljoinExec {
         if self.outputs_build_rows_in_one_task() {
             return InputDistributionRequirements::new(vec![
                 Distribution::SinglePartition,
+                Distribution::SinglePartition,
+            ]);
+        }
+        if self.per_outer_partition() {
+            return InputDistributionRequirements::new(vec![
+                Distribution::UnspecifiedDistribution,
                 Distribution::SinglePartition,
             ]);
         }
@@ -345,7 +401,11 @@ impl ExecutionPlan for SpilljoinExec {
     }
 
     fn child_stats_requests(&self, partition: Option<usize>) -> Vec<ChildStats> {
-        self.hash.child_stats_requests(partition)
+        match self.per_outer_partition() {
+            // Outer partition `partition`, the whole subquery.
+            true => vec![ChildStats::At(partition), ChildStats::At(None)],
+            false => self.hash.child_stats_requests(partition),
+        }
     }
 
     fn statistics_from_inputs(
@@ -390,6 +450,12 @@ impl SpilljoinExec {
             return self.probe_shared_build(partition, partitions, context, report);
         }
         let shared = Arc::clone(&self.shared);
+        // A `NOT IN` per outer partition reads the one subquery partition in each.
+        let right_partition = match self.per_outer_partition() {
+            true => 0,
+            false => partition,
+        };
+        let collect_left = hash.mode == PartitionMode::CollectLeft && !self.per_outer_partition();
         async move {
             let start = |inputs: Inputs, threads: usize| {
                 let join = engine_join(
@@ -400,16 +466,16 @@ impl SpilljoinExec {
                 )?;
                 Run::start(Arc::clone(&definition), join, inputs, report)
             };
-            match hash.mode {
-                PartitionMode::CollectLeft => {
-                    crate::execution::attach(&shared, partition, partitions, || {
-                        let inputs = collect_left_inputs(&hash, &definition, &context)?;
-                        start(inputs, context.session_config().target_partitions())
-                    })
-                }
-                _ => {
+            match collect_left {
+                true => crate::execution::attach(&shared, partition, partitions, || {
+                    let inputs = collect_left_inputs(&hash, &definition, &context)?;
+                    start(inputs, context.session_config().target_partitions())
+                }),
+                false => {
                     let left = hash.left().execute(partition, Arc::clone(&context))?;
-                    let right = hash.right().execute(partition, Arc::clone(&context))?;
+                    let right = hash
+                        .right()
+                        .execute(right_partition, Arc::clone(&context))?;
                     let inputs = match definition.swapped {
                         false => Inputs {
                             left: vec![left],

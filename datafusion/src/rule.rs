@@ -65,15 +65,16 @@ impl PhysicalOptimizerRule for SpilljoinRule {
                 {
                     return Ok(Transformed::no(node));
                 }
+                let partitions = hash.properties().output_partitioning().partition_count();
                 // The builder keeps every field of the node, its properties included.
                 let hash = Arc::new(match settings.distributed {
-                    true => one_task_where_build_rows_are_output(hash)?,
+                    true => distributed_shape(hash)?,
                     false => hash.builder().build()?,
                 });
                 Ok(match SpilljoinExec::try_new(hash) {
                     Ok(exec) => {
-                        Transformed::yes(Arc::new(exec.with_settings(settings.clone()))
-                            as Arc<dyn ExecutionPlan>)
+                        let exec = Arc::new(exec.with_settings(settings.clone()));
+                        Transformed::yes(single_where_it_was(exec, partitions))
                     }
                     Err(_) => Transformed::no(node),
                 })
@@ -96,24 +97,52 @@ impl PhysicalOptimizerRule for SpilljoinRule {
     }
 }
 
-/// `hash` as a distributed engine can run it (`spilljoin.distributed`): a
-/// `CollectLeft` join that outputs build rows gets its probe side coalesced to one
-/// partition, so that one task sees every probe row before it outputs the build rows
-/// none matched. (In one process the partitions share one run instead; as tasks of
-/// a distributed engine each would output them, some wrongly.)
-fn one_task_where_build_rows_are_output(hash: &HashJoinExec) -> Result<HashJoinExec> {
-    let probe = hash.right();
-    if hash.mode != PartitionMode::CollectLeft
-        || outputs_probe_only(hash)
-        || probe.output_partitioning().partition_count() <= 1
-    {
+/// `hash` as a distributed engine can run it (`spilljoin.distributed`). A `NOT IN`
+/// gets back its outer (left) side's partitions and has its subquery (right)
+/// coalesced: each outer partition is joined with the whole subquery
+/// ([`SpilljoinExec`]'s module docs). Another `CollectLeft` join that outputs build
+/// rows gets its probe side coalesced to one partition, so that one task sees every
+/// probe row before it outputs the build rows none matched. (In one process the
+/// partitions share one run instead; as tasks of a distributed engine each would
+/// output them, some wrongly.)
+fn distributed_shape(hash: &HashJoinExec) -> Result<HashJoinExec> {
+    if hash.mode == PartitionMode::CollectLeft && hash.null_aware {
+        let outer = hash.left();
+        let outer = match outer.downcast_ref::<CoalescePartitionsExec>() {
+            Some(coalesced) => Arc::clone(coalesced.input()),
+            None => Arc::clone(outer),
+        };
+        let subquery = one_partition(hash.right());
+        return hash
+            .builder()
+            .with_new_children(vec![outer, subquery])?
+            .build();
+    }
+    if hash.mode != PartitionMode::CollectLeft || outputs_probe_only(hash) {
         return hash.builder().build();
     }
-    let coalesced: Arc<dyn ExecutionPlan> =
-        Arc::new(CoalescePartitionsExec::new(Arc::clone(probe)));
+    let probe = one_partition(hash.right());
     hash.builder()
-        .with_new_children(vec![Arc::clone(hash.left()), coalesced])?
+        .with_new_children(vec![Arc::clone(hash.left()), probe])?
         .build()
+}
+
+/// `plan`, coalesced if it has more than one partition.
+fn one_partition(plan: &Arc<dyn ExecutionPlan>) -> Arc<dyn ExecutionPlan> {
+    match plan.output_partitioning().partition_count() {
+        0 | 1 => Arc::clone(plan),
+        _ => Arc::new(CoalescePartitionsExec::new(Arc::clone(plan))),
+    }
+}
+
+/// `join`, coalesced where the `HashJoinExec` it replaced had one output partition
+/// and it has more (a `NOT IN` per outer partition): the plan above may rely on one.
+fn single_where_it_was(join: Arc<SpilljoinExec>, partitions: usize) -> Arc<dyn ExecutionPlan> {
+    let join: Arc<dyn ExecutionPlan> = join;
+    match partitions {
+        1 => one_partition(&join),
+        _ => join,
+    }
 }
 
 /// Every [`SpilljoinExec`] in `plan`.

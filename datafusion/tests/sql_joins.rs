@@ -341,8 +341,9 @@ fn check_reference(case: &Case, reference: &Outcome) {
     );
 }
 
-/// Runs every case in `mode`, with and without forced spilling, against the
-/// reference; returns the join types the plans had.
+/// Runs every case in `mode`, with and without forced spilling, planned for one
+/// process and for a distributed engine, against the reference; returns the join
+/// types the plans had.
 async fn all_cases(mode: Mode) -> BTreeSet<String> {
     let tables = tables();
     let reference = Setup::stock().context(&tables);
@@ -350,12 +351,29 @@ async fn all_cases(mode: Mode) -> BTreeSet<String> {
     let spilling = mode
         .setup(Setup::spilljoin().force_spill())
         .context(&tables);
+    // As planned for a distributed engine: no join coordinates its partitions, and
+    // `NOT IN` joins each outer partition with the whole subquery.
+    let distributed = mode
+        .setup(Setup::spilljoin().set("spilljoin.distributed", "true"))
+        .context(&tables);
+    let distributed_spilling = mode
+        .setup(
+            Setup::spilljoin()
+                .force_spill()
+                .set("spilljoin.distributed", "true"),
+        )
+        .context(&tables);
     let mut wrong = Vec::new();
     let mut join_types = BTreeSet::new();
     for case in CASES {
         let want = run(&reference, case.sql).await.unwrap();
         check_reference(case, &want);
-        for (label, ctx) in [("no spill", &plain), ("forced spill", &spilling)] {
+        for (label, ctx) in [
+            ("no spill", &plain),
+            ("forced spill", &spilling),
+            ("distributed", &distributed),
+            ("distributed, forced spill", &distributed_spilling),
+        ] {
             match run(ctx, case.sql).await {
                 Ok(got) => {
                     for line in &got.joins.spilljoin {
@@ -363,6 +381,15 @@ async fn all_cases(mode: Mode) -> BTreeSet<String> {
                     }
                     for why in check(case, mode, &want, &got) {
                         wrong.push(format!("{} ({mode:?}, {label}): {why}", case.name));
+                    }
+                    let per_outer = |line: &&String| line.contains("per outer partition");
+                    let not_in = got
+                        .joins
+                        .spilljoin
+                        .iter()
+                        .filter(|l| l.contains("null_aware"));
+                    if label.starts_with("distributed") && !not_in.clone().all(|l| per_outer(&l)) {
+                        wrong.push(format!("{}: NOT IN not per outer partition", case.name));
                     }
                 }
                 Err(e) => wrong.push(format!("{} ({mode:?}, {label}): failed: {e}", case.name)),

@@ -281,8 +281,8 @@ The query runs in DataFusion with one memory budget (--memory-limit, a fair spil
 pool) shared by every operator; its hash joins are spilljoin's, so they spill
 instead of failing. When another operator (a sort, an aggregate) runs out of
 memory, the error names it. SET spilljoin.enabled = false and the other
-spilljoin.* settings work in the query's session; `--explain` shows SpilljoinExec
-where a join runs.
+spilljoin.* settings work in the query's session (SHOW ALL lists them); `--explain`
+shows SpilljoinExec where a join runs.
 
 Examples:
   spilljoin sql --table orders=orders.parquet --table lineitem='lineitem/*.parquet' \\

@@ -342,6 +342,15 @@ fn explain_shows_spilljoin_and_explain_analyze_its_figures() {
     let run = with(&["--explain", &off]);
     assert!(run.stdout.contains("HashJoinExec"), "{}", run.stdout);
     assert!(!run.stdout.contains("SpilljoinExec"), "{}", run.stdout);
+    // The settings show under their full keys.
+    let show = "SET spilljoin.max_depth = 3; SHOW spilljoin.max_depth";
+    let run = with(&["--output", "-", "--output-format", "csv", show]);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    assert!(
+        run.stdout.contains("spilljoin.max_depth,3"),
+        "{}",
+        run.stdout
+    );
     let run = with(&["--explain-analyze", FIXTURE_JOIN]);
     assert_eq!(run.code, 0, "{}", run.stderr);
     let line = run

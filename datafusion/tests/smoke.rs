@@ -76,3 +76,23 @@ async fn smoke() -> datafusion::error::Result<()> {
     );
     Ok(())
 }
+
+/// `SHOW` finds a `spilljoin.*` setting by its full key, as `SET` does.
+#[tokio::test]
+async fn show_lists_the_settings_by_their_full_keys() -> datafusion::error::Result<()> {
+    let config = spilljoin_datafusion::with_spilljoin_config(
+        SessionConfig::new().with_information_schema(true),
+    );
+    let state = SessionStateBuilder::new()
+        .with_default_features()
+        .with_config(config);
+    let ctx = SessionContext::new_with_state(spilljoin_datafusion::with_spilljoin(state).build());
+    ctx.sql("SET spilljoin.max_depth = 3")
+        .await?
+        .collect()
+        .await?;
+    let shown = ctx.sql("SHOW spilljoin.max_depth").await?.collect().await?;
+    let text = pretty_format_batches(&shown)?.to_string();
+    assert!(text.contains("| spilljoin.max_depth | 3 "), "{text}");
+    Ok(())
+}

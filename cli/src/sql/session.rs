@@ -155,7 +155,9 @@ fn config(settings: &Settings) -> Result<SessionConfig> {
     let mut config = spilljoin_datafusion::with_spilljoin_config(
         SessionConfig::new()
             .with_target_partitions(settings.threads.max(1))
-            .with_batch_size(settings.batch_size),
+            .with_batch_size(settings.batch_size)
+            // `SHOW spilljoin.max_depth`, `SHOW ALL`.
+            .with_information_schema(true),
     );
     let options = config.options_mut();
     options.execution.spill_compression = match settings.compression {

@@ -170,7 +170,6 @@ async fn main() -> Result<()> {
             Ok(())
         }
         Command::Sql { scheduler, query } => {
-            // Settings go into the session before it starts (see `client`).
             let mut config = session_config(2);
             for (key, value) in &query.settings {
                 config.options_mut().set(key, value)?;

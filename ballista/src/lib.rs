@@ -184,9 +184,8 @@ fn scheduler_url(scheduler: SocketAddr) -> String {
 
 /// A client session on the scheduler at `scheduler` with `config` (normally
 /// [`session_config`], changed as the job needs: `spilljoin.force_spill`,
-/// `spilljoin.enabled = false` for stock joins). The scheduler takes the session's
-/// settings from its first job, so set them in `config` or with `SET` before the
-/// first query; a `SET` after it does not reach the cluster.
+/// `spilljoin.enabled = false` for stock joins; `SET` works as well): each job
+/// carries the session's settings to the scheduler.
 ///
 /// # Errors
 /// Ballista's, connecting to the scheduler.

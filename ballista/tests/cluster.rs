@@ -223,7 +223,7 @@ const FORCE_SPILL: [(&str, &str); 2] = [
 ];
 
 /// A client session on `cluster` with small sorts and `settings` on top of
-/// `session_config`'s, set before its first job (when the scheduler takes them).
+/// `session_config`'s.
 async fn session(cluster: &Cluster, settings: &[(&str, &str)]) -> Result<SessionContext> {
     let mut config = session_config(PARTITIONS);
     for (key, value) in settings {
@@ -277,6 +277,13 @@ async fn stock_hash_joins_fail_where_ours_answer_and_settings_reach_the_schedule
         plan.contains("HashJoinExec") && !plan.contains("SpilljoinExec"),
         "{plan}"
     );
+    // A SET between jobs reaches the scheduler too: each job carries the session's
+    // settings.
+    set(&stock, "SET spilljoin.enabled = true").await;
+    assert!(cluster_plan(&stock, WIDE_JOIN)
+        .await
+        .contains("SpilljoinExec"));
+    set(&stock, "SET spilljoin.enabled = false").await;
     let error = rows(&stock, WIDE_JOIN).await.unwrap_err();
     let consumer = failing_consumer(&error).unwrap_or_default();
     assert!(consumer.starts_with("HashJoinInput"), "{error}");

@@ -4,7 +4,8 @@
 //! It keeps the `HashJoinExec` it replaces as its definition: keys, filter, join
 //! type, projection, partition mode, null handling and fetch are that node's, and so
 //! are its plan properties (output partitioning, equivalences, emission type,
-//! boundedness) and its statistics, which the plan above was built against.
+//! boundedness) and its statistics, which the plan above was built against (all but
+//! a distributed `NOT IN`'s partitioning, below).
 //!
 //! Executions, by partition mode:
 //! - `Partitioned`: output partition `i` joins left partition `i` with right
@@ -24,10 +25,11 @@
 //! - `NOT IN` with `spilljoin.distributed`: a shape `HashJoinExec` has no mode for.
 //!   Its outer (left) side keeps its partitions and the subquery (right) is one
 //!   partition; output partition `i` is outer partition `i` joined with the whole
-//!   subquery, which that execution builds (the engine's `NOT IN` builds on the
-//!   subquery side, and its null and emptiness facts are the build's alone), so a
-//!   distributed engine runs a task per outer partition. The node's properties are
-//!   then its own: `HashJoinExec`'s but for the partitioning, the outer side's count.
+//!   subquery (the engine's `NOT IN` builds on the subquery side, and its null and
+//!   emptiness facts are the build's alone), so a distributed engine runs a task per
+//!   outer partition. In one process the subquery is prepared once for all of them,
+//!   as above; as tasks, each prepares its own. The node's properties are then its
+//!   own: `HashJoinExec`'s but for the partitioning, the outer side's count.
 //!
 //! [`SpilljoinExec::try_new`] refuses joins with an output ordering (the engine does
 //! not keep the probe's order); the rule leaves them to `HashJoinExec`.
@@ -150,7 +152,7 @@ impl SpilljoinExec {
     /// `collect_left_keeps_the_probe_partitioning` test ran out of memory).
     pub fn executions(&self) -> usize {
         match self.hash.mode {
-            PartitionMode::CollectLeft if !self.per_outer_partition() => 1,
+            PartitionMode::CollectLeft => 1,
             _ => self.properties().output_partitioning().partition_count(),
         }
     }
@@ -382,6 +384,7 @@ impl ExecutionPlan for SpilljoinExec {
                 "SpilljoinExec: partition {partition} of {partitions}"
             )));
         }
+        self.check_collected_inputs()?;
         let baseline = BaselineMetrics::new(&self.metrics, partition);
         let fetch = self.hash.fetch();
         let starting = self.starter(partition, partitions, context);
@@ -431,6 +434,26 @@ impl ExecutionPlan for SpilljoinExec {
 }
 
 impl SpilljoinExec {
+    /// Checks that the input a `CollectLeft` join reads whole is one partition (the
+    /// subquery of a `NOT IN` per outer partition, else the left input): a plan whose
+    /// children were changed without the setting that shaped them would otherwise
+    /// read only the first partition.
+    fn check_collected_inputs(&self) -> Result<()> {
+        if self.hash.mode != PartitionMode::CollectLeft {
+            return Ok(());
+        }
+        let (name, collected) = match self.per_outer_partition() {
+            true => ("right (the NOT IN subquery)", self.hash.right()),
+            false => ("left", self.hash.left()),
+        };
+        match collected.output_partitioning().partition_count() {
+            1 => Ok(()),
+            n => Err(DataFusionError::Internal(format!(
+                "SpilljoinExec: the {name} input of a CollectLeft join has {n} partitions, not 1"
+            ))),
+        }
+    }
+
     /// What starts (or joins) partition `partition`'s run, on its stream's first poll.
     fn starter(
         &self,
@@ -445,17 +468,13 @@ impl SpilljoinExec {
         let settings = self.settings.clone();
         let distributed = settings.as_ref().is_some_and(|s| s.distributed);
         if hash.mode == PartitionMode::CollectLeft
-            && (keeps_probe_partitioning(&hash) || (distributed && outputs_probe_only(&hash)))
+            && (keeps_probe_partitioning(&hash)
+                || (distributed && outputs_probe_only(&hash))
+                || self.per_outer_partition())
         {
             return self.probe_shared_build(partition, partitions, context, report);
         }
         let shared = Arc::clone(&self.shared);
-        // A `NOT IN` per outer partition reads the one subquery partition in each.
-        let right_partition = match self.per_outer_partition() {
-            true => 0,
-            false => partition,
-        };
-        let collect_left = hash.mode == PartitionMode::CollectLeft && !self.per_outer_partition();
         async move {
             let start = |inputs: Inputs, threads: usize| {
                 let join = engine_join(
@@ -466,16 +485,16 @@ impl SpilljoinExec {
                 )?;
                 Run::start(Arc::clone(&definition), join, inputs, report)
             };
-            match collect_left {
-                true => crate::execution::attach(&shared, partition, partitions, || {
-                    let inputs = collect_left_inputs(&hash, &definition, &context)?;
-                    start(inputs, context.session_config().target_partitions())
-                }),
-                false => {
+            match hash.mode {
+                PartitionMode::CollectLeft => {
+                    crate::execution::attach(&shared, partition, partitions, || {
+                        let inputs = collect_left_inputs(&hash, &definition, &context)?;
+                        start(inputs, context.session_config().target_partitions())
+                    })
+                }
+                _ => {
                     let left = hash.left().execute(partition, Arc::clone(&context))?;
-                    let right = hash
-                        .right()
-                        .execute(right_partition, Arc::clone(&context))?;
+                    let right = hash.right().execute(partition, Arc::clone(&context))?;
                     let inputs = match definition.swapped {
                         false => Inputs {
                             left: vec![left],
@@ -493,9 +512,9 @@ impl SpilljoinExec {
         .boxed()
     }
 
-    /// Partition `partition`'s run where the output keeps the probe's partitioning:
-    /// the shared prepared build (started by the first partition), probed with this
-    /// partition's probe input alone.
+    /// Partition `partition`'s run where the output keeps the probe's partitioning
+    /// (or is a `NOT IN` per outer partition): the shared prepared build (started by
+    /// the first partition), probed with this partition's probe input alone.
     fn probe_shared_build(
         &self,
         partition: usize,
@@ -509,10 +528,15 @@ impl SpilljoinExec {
         let settings = self.settings.clone();
         let shared = Arc::clone(&self.shared_build);
         let metrics = self.metrics.clone();
+        // The engine builds on DataFusion's left input, its own right for `RightMark`
+        // (see `crate::translate`); a `NOT IN` per outer partition on the subquery,
+        // DataFusion's right input, probed with the outer partitions.
+        let (build_child, probe_child) = match self.per_outer_partition() {
+            false => (Arc::clone(hash.left()), Arc::clone(hash.right())),
+            true => (Arc::clone(hash.right()), Arc::clone(hash.left())),
+        };
+        let build_is_left = !definition.swapped && !self.per_outer_partition();
         async move {
-            // The engine builds on DataFusion's left input, its own right for
-            // `RightMark` (see `crate::translate`).
-            let build_is_left = !definition.swapped;
             let threads = context.session_config().target_partitions();
             let start = || {
                 let join = engine_join(
@@ -521,7 +545,7 @@ impl SpilljoinExec {
                     (partition, threads, share),
                     settings.as_ref(),
                 )?;
-                let input = hash.left().execute(0, Arc::clone(&context))?;
+                let input = build_child.execute(0, Arc::clone(&context))?;
                 let report = Report::new(&metrics, partition);
                 let definition = Arc::clone(&definition);
                 BuildHandle::start(definition, join, input, build_is_left, report)
@@ -534,7 +558,7 @@ impl SpilljoinExec {
                 (partition, 1, share),
                 settings.as_ref(),
             )?;
-            let probe = hash.right().execute(partition, Arc::clone(&context))?;
+            let probe = probe_child.execute(partition, Arc::clone(&context))?;
             let probe_is_left = !build_is_left;
             Run::start_probe(
                 definition,

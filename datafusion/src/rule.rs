@@ -23,6 +23,7 @@ use datafusion::execution::session_state::SessionStateBuilder;
 use datafusion::physical_optimizer::optimizer::PhysicalOptimizer;
 use datafusion::physical_optimizer::PhysicalOptimizerRule;
 use datafusion::physical_plan::coalesce_partitions::CoalescePartitionsExec;
+use datafusion::physical_plan::empty::EmptyExec;
 use datafusion::physical_plan::joins::{HashJoinExec, PartitionMode};
 use datafusion::physical_plan::statistics::{StatisticsArgs, StatisticsContext};
 use datafusion::physical_plan::ExecutionPlan;
@@ -100,7 +101,10 @@ impl PhysicalOptimizerRule for SpilljoinRule {
 /// `hash` as a distributed engine can run it (`spilljoin.distributed`). A `NOT IN`
 /// gets back its outer (left) side's partitions and has its subquery (right)
 /// coalesced: each outer partition is joined with the whole subquery
-/// ([`SpilljoinExec`]'s module docs). Another `CollectLeft` join that outputs build
+/// ([`SpilljoinExec`]'s module docs). Not where a limit holds the outer side in one
+/// partition: one on the coalesce (`LIMIT` in the outer query, pushed down), or on
+/// the join itself, which would then apply to each partition; such a `NOT IN` runs
+/// in one task, its subquery coalesced all the same. Another `CollectLeft` join that outputs build
 /// rows gets its probe side coalesced to one partition, so that one task sees every
 /// probe row before it outputs the build rows none matched. (In one process the
 /// partitions share one run instead; as tasks of a distributed engine each would
@@ -109,8 +113,10 @@ fn distributed_shape(hash: &HashJoinExec) -> Result<HashJoinExec> {
     if hash.mode == PartitionMode::CollectLeft && hash.null_aware {
         let outer = hash.left();
         let outer = match outer.downcast_ref::<CoalescePartitionsExec>() {
-            Some(coalesced) => Arc::clone(coalesced.input()),
-            None => Arc::clone(outer),
+            Some(coalesced) if coalesced.fetch().is_none() && hash.fetch().is_none() => {
+                Arc::clone(coalesced.input())
+            }
+            _ => Arc::clone(outer),
         };
         let subquery = one_partition(hash.right());
         return hash
@@ -127,10 +133,12 @@ fn distributed_shape(hash: &HashJoinExec) -> Result<HashJoinExec> {
         .build()
 }
 
-/// `plan`, coalesced if it has more than one partition.
+/// `plan` as one partition: coalesced if it has more, an empty plan of its schema
+/// if it has none.
 fn one_partition(plan: &Arc<dyn ExecutionPlan>) -> Arc<dyn ExecutionPlan> {
     match plan.output_partitioning().partition_count() {
-        0 | 1 => Arc::clone(plan),
+        0 => Arc::new(EmptyExec::new(plan.schema())),
+        1 => Arc::clone(plan),
         _ => Arc::new(CoalescePartitionsExec::new(Arc::clone(plan))),
     }
 }

@@ -680,3 +680,54 @@ async fn the_codec_refuses_what_it_did_not_encode() {
         .try_encode(other, &mut Vec::new(), &converter)
         .is_err());
 }
+
+/// `NOT IN` planned for a distributed engine, in one process with more partitions
+/// than the tables: a subquery that is itself repartitioned (`DISTINCT`) is prepared
+/// once for every outer partition (executing it once per partition would run its
+/// repartition twice), and limits keep their meaning: on the outer query (pushed
+/// into the coalesce the rule would remove) and on the join.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn distributed_not_in_prepares_the_subquery_once_and_keeps_limits() {
+    let tables = tables();
+    let mut reference = Setup::stock();
+    reference.target_partitions = 4;
+    let reference = reference.context(&tables);
+    let mut ours = Setup::spilljoin().set("spilljoin.distributed", "true");
+    ours.target_partitions = 4;
+    let ours = ours.context(&tables);
+    let distinct = "SELECT a.id FROM big a WHERE a.k NOT IN (SELECT DISTINCT k FROM small \
+                    WHERE k IS NOT NULL AND v > 500)";
+    let want = run(&reference, distinct).await.unwrap();
+    assert!(!want.rows.is_empty());
+    let got = run(&ours, distinct).await.unwrap();
+    let per_outer = got
+        .joins
+        .spilljoin
+        .iter()
+        .any(|l| l.contains("per outer partition"));
+    assert!(per_outer, "{:#?}", got.joins.all());
+    assert_eq!(difference(&want.rows, &got.rows, false), None);
+
+    // Which rows a LIMIT without ORDER BY keeps is not defined; how many is.
+    for (sql, rows) in [
+        (format!("{distinct} LIMIT 7"), 7),
+        (
+            "SELECT count(*) FROM (SELECT * FROM big LIMIT 100) a WHERE a.k NOT IN \
+             (SELECT k FROM small WHERE k IS NOT NULL)"
+                .to_owned(),
+            1,
+        ),
+    ] {
+        let got = run(&ours, &sql).await.unwrap();
+        assert_eq!(got.rows.len(), rows, "{sql}: {:?}", got.rows);
+    }
+    let counted = run(
+        &ours,
+        "SELECT count(*) FROM (SELECT * FROM big LIMIT 100) a WHERE a.k NOT IN \
+         (SELECT k FROM small WHERE k IS NOT NULL AND k < 0)",
+    )
+    .await
+    .unwrap();
+    // An empty subquery keeps every outer row, NULL keys too: all 100.
+    assert_eq!(counted.rows, vec!["100".to_owned()], "{counted:?}");
+}

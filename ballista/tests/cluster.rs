@@ -20,7 +20,7 @@ mod common;
 use std::path::Path;
 use std::sync::Arc;
 
-use common::{canonical_rows, difference, failing_consumer, Table};
+use common::{canonical_rows, difference, failing_consumer, Table, TPCH_ORDERED, TPCH_QUERIES};
 use datafusion::arrow::array::{Int64Array, RecordBatch};
 use datafusion::arrow::datatypes::{DataType, Field, Schema};
 use datafusion::common::Result;
@@ -52,36 +52,6 @@ const SMALL_SORTS: &str = "SET datafusion.execution.sort_spill_reservation_bytes
 
 /// Shuffle partitions, and tasks an executor runs at once.
 const PARTITIONS: usize = 2;
-
-/// The query texts, Q1 first (the ones spilljoin-datafusion's tests run).
-const QUERIES: [&str; 22] = [
-    include_str!("../../datafusion/tests/tpch/q1.sql"),
-    include_str!("../../datafusion/tests/tpch/q2.sql"),
-    include_str!("../../datafusion/tests/tpch/q3.sql"),
-    include_str!("../../datafusion/tests/tpch/q4.sql"),
-    include_str!("../../datafusion/tests/tpch/q5.sql"),
-    include_str!("../../datafusion/tests/tpch/q6.sql"),
-    include_str!("../../datafusion/tests/tpch/q7.sql"),
-    include_str!("../../datafusion/tests/tpch/q8.sql"),
-    include_str!("../../datafusion/tests/tpch/q9.sql"),
-    include_str!("../../datafusion/tests/tpch/q10.sql"),
-    include_str!("../../datafusion/tests/tpch/q11.sql"),
-    include_str!("../../datafusion/tests/tpch/q12.sql"),
-    include_str!("../../datafusion/tests/tpch/q13.sql"),
-    include_str!("../../datafusion/tests/tpch/q14.sql"),
-    include_str!("../../datafusion/tests/tpch/q15.sql"),
-    include_str!("../../datafusion/tests/tpch/q16.sql"),
-    include_str!("../../datafusion/tests/tpch/q17.sql"),
-    include_str!("../../datafusion/tests/tpch/q18.sql"),
-    include_str!("../../datafusion/tests/tpch/q19.sql"),
-    include_str!("../../datafusion/tests/tpch/q20.sql"),
-    include_str!("../../datafusion/tests/tpch/q21.sql"),
-    include_str!("../../datafusion/tests/tpch/q22.sql"),
-];
-
-/// The queries whose ORDER BY orders every row of the answer; the others are
-/// compared as multisets of rows.
-const ORDERED: [usize; 13] = [1, 2, 4, 7, 8, 9, 12, 13, 15, 16, 20, 21, 22];
 
 /// Writes `table` under `dir/NAME/`, a Parquet file per partition.
 fn write_table(dir: &Path, table: &Table) {
@@ -145,11 +115,11 @@ struct Ends {
 
 async fn run_all(ctx: &SessionContext, reference: &[Vec<String>]) -> Ends {
     let mut ends = Ends::default();
-    for (i, sql) in QUERIES.iter().enumerate() {
+    for (i, sql) in TPCH_QUERIES.iter().enumerate() {
         let q = i + 1;
         match rows(ctx, sql).await {
             Ok(got) => {
-                let ordered = ORDERED.contains(&q);
+                let ordered = TPCH_ORDERED.contains(&q);
                 ends.wrong
                     .extend(difference(&reference[i], &got, ordered).map(|d| format!("Q{q}: {d}")));
                 ends.answered.push(q);
@@ -172,7 +142,7 @@ async fn tpch_on_two_limited_executors_matches_single_process_datafusion() {
     let local = SessionContext::new_with_config(SessionConfig::new().with_target_partitions(2));
     register_all(&local, data.path()).await;
     let mut reference = Vec::new();
-    for (i, sql) in QUERIES.iter().enumerate() {
+    for (i, sql) in TPCH_QUERIES.iter().enumerate() {
         let got = rows(&local, sql).await;
         reference.push(got.unwrap_or_else(|e| panic!("reference Q{}: {e}", i + 1)));
     }

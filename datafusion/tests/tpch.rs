@@ -22,7 +22,10 @@ mod common;
 use std::sync::OnceLock;
 use std::time::Instant;
 
-use common::{difference, failing_consumer, is_join_consumer, run, Outcome, Pool, Setup, Table};
+use common::{
+    difference, failing_consumer, is_join_consumer, run, Outcome, Pool, Setup, Table, TPCH_ORDERED,
+    TPCH_QUERIES,
+};
 
 /// The scale factor: lineitem has about 60,000 rows.
 const SF: f64 = 0.01;
@@ -36,36 +39,6 @@ const FAIR_LIMIT: usize = 8 << 20;
 /// The greedy pool's limit (stock's joins failed on Q7 and Q18 when this was written).
 const GREEDY_LIMIT: usize = 4 << 20;
 
-/// The query texts, Q1 first.
-const QUERIES: [&str; 22] = [
-    include_str!("tpch/q1.sql"),
-    include_str!("tpch/q2.sql"),
-    include_str!("tpch/q3.sql"),
-    include_str!("tpch/q4.sql"),
-    include_str!("tpch/q5.sql"),
-    include_str!("tpch/q6.sql"),
-    include_str!("tpch/q7.sql"),
-    include_str!("tpch/q8.sql"),
-    include_str!("tpch/q9.sql"),
-    include_str!("tpch/q10.sql"),
-    include_str!("tpch/q11.sql"),
-    include_str!("tpch/q12.sql"),
-    include_str!("tpch/q13.sql"),
-    include_str!("tpch/q14.sql"),
-    include_str!("tpch/q15.sql"),
-    include_str!("tpch/q16.sql"),
-    include_str!("tpch/q17.sql"),
-    include_str!("tpch/q18.sql"),
-    include_str!("tpch/q19.sql"),
-    include_str!("tpch/q20.sql"),
-    include_str!("tpch/q21.sql"),
-    include_str!("tpch/q22.sql"),
-];
-
-/// The queries whose ORDER BY orders every row of the answer (on the group keys,
-/// or ending in a unique column); the others are compared as multisets of rows.
-const ORDERED: [usize; 13] = [1, 2, 4, 7, 8, 9, 12, 13, 15, 16, 20, 21, 22];
-
 fn tables() -> &'static [Table] {
     static TABLES: OnceLock<Vec<Table>> = OnceLock::new();
     TABLES.get_or_init(|| common::tpch_tables(SF, 2))
@@ -78,7 +51,7 @@ async fn reference() -> &'static [Outcome] {
         .get_or_init(|| async {
             let ctx = Setup::stock().context(tables());
             let mut outcomes = Vec::new();
-            for (i, sql) in QUERIES.iter().enumerate() {
+            for (i, sql) in TPCH_QUERIES.iter().enumerate() {
                 let outcome = run(&ctx, sql).await;
                 outcomes.push(outcome.unwrap_or_else(|e| panic!("reference Q{}: {e}", i + 1)));
             }
@@ -103,7 +76,7 @@ fn check(q: usize, reference: &Outcome, outcome: &Outcome) -> Option<String> {
             joins.all()
         ));
     }
-    let ordered = ORDERED.contains(&q);
+    let ordered = TPCH_ORDERED.contains(&q);
     difference(&reference.rows, &outcome.rows, ordered).map(|d| format!("Q{q}: {d}"))
 }
 
@@ -114,7 +87,7 @@ async fn all_queries_match(label: &str, setup: Setup) {
     let ctx = setup.context(tables());
     let started = Instant::now();
     let mut wrong = Vec::new();
-    for (i, sql) in QUERIES.iter().enumerate() {
+    for (i, sql) in TPCH_QUERIES.iter().enumerate() {
         match run(&ctx, sql).await {
             Ok(outcome) => wrong.extend(check(i + 1, &reference[i], &outcome)),
             Err(e) => wrong.push(format!("Q{}: failed: {e}", i + 1)),
@@ -157,7 +130,7 @@ async fn run_limited(setup: &Setup) -> LimitedRun {
     let reference = reference().await;
     let ctx = setup.context(tables());
     let mut result = LimitedRun::default();
-    for (i, sql) in QUERIES.iter().enumerate() {
+    for (i, sql) in TPCH_QUERIES.iter().enumerate() {
         let q = i + 1;
         match run(&ctx, sql).await {
             Ok(outcome) if !setup.rule => {

@@ -1,6 +1,7 @@
-//! What tests/tpch.rs and tests/sql_joins.rs share: sessions with and without the
-//! rule, a query run that records which joins its physical plan holds, answers as
-//! canonical rows, and the generated data (TPC-H tables, seeded random tables).
+//! What tests/tpch.rs, tests/sql_joins.rs and the Ballista crate's cluster test
+//! share: sessions with and without the rule, a query run that records which joins
+//! its physical plan holds, answers as canonical rows, the generated data (TPC-H
+//! tables, seeded random tables) and the TPC-H query texts.
 //!
 //! Every test compares a session WITH `SpilljoinRule` against stock DataFusion
 //! WITHOUT it and without a memory limit (the reference): same rows, as a multiset
@@ -529,3 +530,34 @@ pub fn tpch_tables(sf: f64, partitions: usize) -> Vec<Table> {
         ),
     ]
 }
+
+/// The TPC-H query texts, Q1 first (tests/tpch.rs, and the Ballista crate's
+/// cluster test).
+pub const TPCH_QUERIES: [&str; 22] = [
+    include_str!("../tpch/q1.sql"),
+    include_str!("../tpch/q2.sql"),
+    include_str!("../tpch/q3.sql"),
+    include_str!("../tpch/q4.sql"),
+    include_str!("../tpch/q5.sql"),
+    include_str!("../tpch/q6.sql"),
+    include_str!("../tpch/q7.sql"),
+    include_str!("../tpch/q8.sql"),
+    include_str!("../tpch/q9.sql"),
+    include_str!("../tpch/q10.sql"),
+    include_str!("../tpch/q11.sql"),
+    include_str!("../tpch/q12.sql"),
+    include_str!("../tpch/q13.sql"),
+    include_str!("../tpch/q14.sql"),
+    include_str!("../tpch/q15.sql"),
+    include_str!("../tpch/q16.sql"),
+    include_str!("../tpch/q17.sql"),
+    include_str!("../tpch/q18.sql"),
+    include_str!("../tpch/q19.sql"),
+    include_str!("../tpch/q20.sql"),
+    include_str!("../tpch/q21.sql"),
+    include_str!("../tpch/q22.sql"),
+];
+
+/// The TPC-H queries whose ORDER BY orders every row of the answer (on the group
+/// keys, or ending in a unique column); the others are compared as multisets of rows.
+pub const TPCH_ORDERED: [usize; 13] = [1, 2, 4, 7, 8, 9, 12, 13, 15, 16, 20, 21, 22];

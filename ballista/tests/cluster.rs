@@ -23,7 +23,6 @@ use std::sync::Arc;
 use common::{canonical_rows, difference, failing_consumer, Table, TPCH_ORDERED, TPCH_QUERIES};
 use datafusion::arrow::array::{Int64Array, RecordBatch};
 use datafusion::arrow::datatypes::{DataType, Field, Schema};
-use datafusion::common::Result;
 use datafusion::error::DataFusionError;
 use datafusion::parquet::arrow::ArrowWriter;
 use datafusion::prelude::{ParquetReadOptions, SessionConfig, SessionContext};
@@ -151,10 +150,7 @@ async fn tpch_on_two_limited_executors_matches_single_process_datafusion() {
     let cluster = limited_cluster(spill.path()).await;
     // Stock hash joins (the setting travels from the client): some fail in their
     // build (at 4 MiB Q7, Q9, Q18 and Q21), none gives a wrong answer.
-    let stock = session(&cluster, &[("spilljoin.enabled", "false")])
-        .await
-        .unwrap();
-    register_all(&stock, data.path()).await;
+    let stock = session(&cluster, STOCK, data.path()).await;
     let stock = run_all(&stock, &reference).await;
     assert!(
         !stock.wrong.is_empty(),
@@ -163,12 +159,8 @@ async fn tpch_on_two_limited_executors_matches_single_process_datafusion() {
     for why in &stock.wrong {
         assert!(why.contains("failed (HashJoinInput"), "stock: {why}");
     }
-    for (pass, settings) in [
-        ("spilljoin", &[][..]),
-        ("forced spilling", &FORCE_SPILL[..]),
-    ] {
-        let ctx = session(&cluster, settings).await.unwrap();
-        register_all(&ctx, data.path()).await;
+    for (pass, settings) in OUR_PASSES {
+        let ctx = session(&cluster, settings, data.path()).await;
         let ours = run_all(&ctx, &reference).await;
         assert!(ours.wrong.is_empty(), "{pass}:\n{}", ours.wrong.join("\n"));
         assert_eq!(ours.answered.len(), 22, "{pass}: {ours:?}");
@@ -192,31 +184,25 @@ const FORCE_SPILL: [(&str, &str); 2] = [
     ("spilljoin.force_spill_depth", "1"),
 ];
 
+/// spilljoin's passes: its defaults, and forced spilling.
+const OUR_PASSES: [(&str, &[(&str, &str)]); 2] =
+    [("spilljoin", &[]), ("forced spilling", &FORCE_SPILL)];
+
 /// A client session on `cluster` with small sorts and `settings` on top of
-/// `session_config`'s.
-async fn session(cluster: &Cluster, settings: &[(&str, &str)]) -> Result<SessionContext> {
+/// `session_config`'s, and the tables of `data` registered.
+async fn session(cluster: &Cluster, settings: &[(&str, &str)], data: &Path) -> SessionContext {
     let mut config = session_config(PARTITIONS);
     for (key, value) in settings {
-        config.options_mut().set(key, value)?;
+        config.options_mut().set(key, value).unwrap();
     }
-    let ctx = client(cluster.scheduler(), config).await?;
+    let ctx = client(cluster.scheduler(), config).await.unwrap();
     set(&ctx, SMALL_SORTS).await;
-    Ok(ctx)
+    register_all(&ctx, data).await;
+    ctx
 }
 
-/// The plan the scheduler made for `sql`, as `EXPLAIN` on the cluster prints it.
-async fn cluster_plan(ctx: &SessionContext, sql: &str) -> String {
-    let batches = ctx
-        .sql(&format!("EXPLAIN {sql}"))
-        .await
-        .unwrap()
-        .collect()
-        .await
-        .unwrap();
-    datafusion::arrow::util::pretty::pretty_format_batches(&batches)
-        .unwrap()
-        .to_string()
-}
+/// DataFusion's hash joins on the cluster.
+const STOCK: &[(&str, &str)] = &[("spilljoin.enabled", "false")];
 
 /// A join whose build, `orders` with two string columns (about 10 MB at [`SF`],
 /// half in each task), is more than an executor's limit: stock fails it, and the
@@ -238,11 +224,8 @@ async fn stock_hash_joins_fail_where_ours_answer_and_settings_reach_the_schedule
 
     let spill = TempDir::new().unwrap();
     let cluster = limited_cluster(spill.path()).await;
-    let stock = session(&cluster, &[("spilljoin.enabled", "false")])
-        .await
-        .unwrap();
-    register_all(&stock, data.path()).await;
-    let plan = cluster_plan(&stock, WIDE_JOIN).await;
+    let stock = session(&cluster, STOCK, data.path()).await;
+    let plan = common::explain(&stock, WIDE_JOIN).await;
     assert!(
         plan.contains("HashJoinExec") && !plan.contains("SpilljoinExec"),
         "{plan}"
@@ -250,7 +233,7 @@ async fn stock_hash_joins_fail_where_ours_answer_and_settings_reach_the_schedule
     // A SET between jobs reaches the scheduler too: each job carries the session's
     // settings.
     set(&stock, "SET spilljoin.enabled = true").await;
-    assert!(cluster_plan(&stock, WIDE_JOIN)
+    assert!(common::explain(&stock, WIDE_JOIN)
         .await
         .contains("SpilljoinExec"));
     set(&stock, "SET spilljoin.enabled = false").await;
@@ -258,13 +241,9 @@ async fn stock_hash_joins_fail_where_ours_answer_and_settings_reach_the_schedule
     let consumer = failing_consumer(&error).unwrap_or_default();
     assert!(consumer.starts_with("HashJoinInput"), "{error}");
 
-    for (pass, settings) in [
-        ("spilljoin", &[][..]),
-        ("forced spilling", &FORCE_SPILL[..]),
-    ] {
-        let ctx = session(&cluster, settings).await.unwrap();
-        register_all(&ctx, data.path()).await;
-        let plan = cluster_plan(&ctx, WIDE_JOIN).await;
+    for (pass, settings) in OUR_PASSES {
+        let ctx = session(&cluster, settings, data.path()).await;
+        let plan = common::explain(&ctx, WIDE_JOIN).await;
         assert!(plan.contains("SpilljoinExec"), "{pass}: {plan}");
         let forced = plan.contains("force_spill=1");
         assert_eq!(forced, !settings.is_empty(), "{pass}: {plan}");
@@ -329,8 +308,7 @@ async fn not_in_keeps_the_outer_table_distributed_and_exact() {
         let local = SessionContext::new();
         register_all(&local, data.path()).await;
         let expected = rows(&local, query).await.unwrap();
-        let ctx = session(&cluster, &[]).await.unwrap();
-        register_all(&ctx, data.path()).await;
+        let ctx = session(&cluster, &[], data.path()).await;
         let got = rows(&ctx, query).await.unwrap();
         assert_eq!(got, expected, "{case}");
 

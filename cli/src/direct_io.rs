@@ -64,6 +64,8 @@ pub struct DirectIoChoice {
     pub direct: bool,
     /// Why, in a few words.
     pub reason: String,
+    /// Runs of 1 MiB a direct reader reads ahead ([`read_ahead`]).
+    pub read_ahead: usize,
 }
 
 /// What a join is expected to spill, in bytes: none when the build's estimate fits
@@ -101,7 +103,11 @@ pub struct Situation {
 
 /// The choice for `mode` in `situation`.
 pub fn decide(mode: DirectIoMode, situation: Situation) -> DirectIoChoice {
-    let choice = |direct, reason: String| DirectIoChoice { direct, reason };
+    let choice = |direct, reason: String| DirectIoChoice {
+        direct,
+        reason,
+        read_ahead: default_read_ahead(),
+    };
     let Situation {
         expected_spill,
         available,
@@ -139,10 +145,39 @@ pub fn decide(mode: DirectIoMode, situation: Situation) -> DirectIoChoice {
 /// its peak RSS to its bound (BENCHMARKS.md, "Direct I/O").
 const BUFFERS_SHARE: u64 = 8;
 
-/// The direct I/O buffers of `threads` workers at most
-/// ([`spilljoin::spill::DIRECT_IO_BYTES_PER_THREAD`] each; outside the pool).
-pub fn buffer_bytes(threads: usize) -> u64 {
-    threads.saturating_mul(spilljoin::spill::DIRECT_IO_BYTES_PER_THREAD) as u64
+/// The direct I/O buffers of `threads` workers at most, their readers reading
+/// `read_ahead` runs ahead ([`spilljoin::spill::direct_io_bytes_per_thread`] each;
+/// outside the pool).
+pub fn buffer_bytes(threads: usize, read_ahead: usize) -> u64 {
+    threads.saturating_mul(spilljoin::spill::direct_io_bytes_per_thread(read_ahead)) as u64
+}
+
+/// The spill readers' default read ahead ([`SpillConfig::direct_read_ahead`]).
+///
+/// [`SpillConfig::direct_read_ahead`]: spilljoin::spill::SpillConfig::direct_read_ahead
+pub fn default_read_ahead() -> usize {
+    spilljoin::spill::SpillConfig::default().direct_read_ahead
+}
+
+/// Runs a direct reader reads ahead where the limit has room for them: with six
+/// against three, SF10's every-column join at 25% took 0.95× the time (BENCHMARKS.md,
+/// the choices table); the 3 MiB a thread more come out of the limit.
+pub const DEEP_READ_AHEAD: usize = 6;
+
+/// Direct readers read [`DEEP_READ_AHEAD`] runs ahead where the buffers that takes
+/// are at most 1/this of the join's limit: the same 6% of a limit or less as the
+/// default's at the smallest limit `auto` goes direct under ([`BUFFERS_SHARE`]),
+/// about 256 MiB for two threads.
+const DEEP_SHARE: u64 = 16;
+
+/// How many runs direct readers read ahead: [`DEEP_READ_AHEAD`] where the join's
+/// limit has room for its buffers ([`DEEP_SHARE`]), else the default.
+pub fn read_ahead(direct: bool, threads: usize, join_limit: u64) -> usize {
+    let deep = buffer_bytes(threads, DEEP_READ_AHEAD);
+    match direct && deep <= join_limit / DEEP_SHARE {
+        true => DEEP_READ_AHEAD,
+        false => default_read_ahead(),
+    }
 }
 
 /// What of the join's limit `join_limit` the direct I/O buffers take when the limit
@@ -150,11 +185,16 @@ pub fn buffer_bytes(threads: usize) -> u64 {
 /// inside the RSS bound together. At most [`BUFFERS_SHARE`]'s share of the limit
 /// (`auto` goes direct only when they fit in it; with `on` and a small limit the
 /// process's RSS is far below its bound anyway).
-pub fn buffers_in_pool(direct: bool, limit_given: bool, threads: usize, join_limit: u64) -> u64 {
-    if !direct || !limit_given {
+pub fn buffers_in_pool(
+    choice: &DirectIoChoice,
+    limit_given: bool,
+    threads: usize,
+    join_limit: u64,
+) -> u64 {
+    if !choice.direct || !limit_given {
         return 0;
     }
-    buffer_bytes(threads).min(join_limit / BUFFERS_SHARE)
+    buffer_bytes(threads, choice.read_ahead).min(join_limit / BUFFERS_SHARE)
 }
 
 /// The build and probe inputs' statistics of a join whose build is `build_side`.
@@ -235,10 +275,30 @@ mod tests {
     #[test]
     fn direct_buffers_come_out_of_a_given_limit_only() {
         let per_thread = spilljoin::spill::DIRECT_IO_BYTES_PER_THREAD as u64;
-        assert_eq!(buffers_in_pool(true, true, 2, GIB), 2 * per_thread);
-        assert_eq!(buffers_in_pool(true, true, 64, 64 << 20), 8 << 20);
-        assert_eq!(buffers_in_pool(false, true, 2, GIB), 0);
-        assert_eq!(buffers_in_pool(true, false, 2, GIB), 0);
+        let choice = |direct, read_ahead| DirectIoChoice {
+            direct,
+            reason: String::new(),
+            read_ahead,
+        };
+        let (shallow, deep) = (
+            choice(true, default_read_ahead()),
+            choice(true, DEEP_READ_AHEAD),
+        );
+        assert_eq!(buffers_in_pool(&shallow, true, 2, GIB), 2 * per_thread);
+        assert_eq!(buffers_in_pool(&deep, true, 2, GIB), 2 * (8 << 20));
+        assert_eq!(buffers_in_pool(&shallow, true, 64, 64 << 20), 8 << 20);
+        assert_eq!(buffers_in_pool(&choice(false, 3), true, 2, GIB), 0);
+        assert_eq!(buffers_in_pool(&shallow, false, 2, GIB), 0);
+    }
+
+    /// Readers read further ahead where the limit has room for their buffers, and
+    /// only with direct I/O.
+    #[test]
+    fn read_ahead_deepens_with_room_in_the_limit() {
+        assert_eq!(read_ahead(true, 2, 256 << 20), DEEP_READ_AHEAD);
+        assert_eq!(read_ahead(true, 2, 200 << 20), default_read_ahead());
+        assert_eq!(read_ahead(true, 8, 256 << 20), default_read_ahead());
+        assert_eq!(read_ahead(false, 2, GIB), default_read_ahead());
     }
 
     #[test]

@@ -157,6 +157,7 @@ impl Plan {
         let (schema, rename) = output_schema(&join, selected.as_deref(), &request);
         let mut spill = spill_config(run);
         spill.direct_io = direct_io.direct;
+        spill.direct_read_ahead = direct_io.read_ahead;
         Ok(Self {
             left_columns,
             right_columns,
@@ -307,7 +308,10 @@ impl Plan {
                 Some(q) => format!("at most {}", human_bytes(q)),
                 None => "no size limit".into(),
             },
-            if self.spill.direct_io { "on" } else { "off" },
+            match self.spill.direct_io {
+                true => format!("on, {} MiB read ahead", self.spill.direct_read_ahead),
+                false => "off".into(),
+            },
             self.direct_io_reason
         ) + &match self.direct_io_in_pool {
             0 => String::new(),
@@ -404,10 +408,11 @@ fn build_with_direct_io(
 ) -> Result<(HashJoin, direct_io::DirectIoChoice, u64)> {
     let run = &request.run;
     let join = builder.clone().build().map_err(|e| key_hint(e, request))?;
-    let direct_io = choose_direct_io(run, &join, stats, threads);
+    let mut direct_io = choose_direct_io(run, &join, stats, threads);
     let join_limit = join.memory_limit() as u64;
+    direct_io.read_ahead = direct_io::read_ahead(direct_io.direct, threads, join_limit);
     let limit_given = run.memory_limit.is_some();
-    let in_pool = direct_io::buffers_in_pool(direct_io.direct, limit_given, threads, join_limit);
+    let in_pool = direct_io::buffers_in_pool(&direct_io, limit_given, threads, join_limit);
     if in_pool == 0 {
         return Ok((join, direct_io, 0));
     }
@@ -431,7 +436,7 @@ fn choose_direct_io(
     let situation = direct_io::Situation {
         expected_spill: expected_spill_bytes(build, probe, join_limit),
         available: spilljoin::memory::available_memory_bytes(),
-        buffers: direct_io::buffer_bytes(threads),
+        buffers: direct_io::buffer_bytes(threads, direct_io::default_read_ahead()),
         join_limit,
     };
     direct_io::decide(run.spill_direct_io, situation)

@@ -743,6 +743,29 @@ fn spill_direct_io_is_auto_unless_asked_and_reported_with_its_reason() {
         let in_limit = json_number(&json, "direct_io_buffers_in_limit_bytes");
         assert_eq!(in_limit > 0.0, direct, "{flag:?}: {json}");
     }
+    // Direct readers read six runs ahead where two threads' 8 MiB fit in a
+    // sixteenth of the limit, three elsewhere.
+    for (limit, ahead) in [("1GiB", 6.0), ("64MiB", 3.0)] {
+        let metrics = f.path("ahead.json");
+        let path = metrics.to_str().unwrap();
+        let args = [
+            "--threads",
+            "2",
+            "--memory-limit",
+            limit,
+            "--spill-direct-io",
+        ];
+        assert_eq!(
+            f.join(&[&args[..], &["--metrics", path]].concat()).rows(),
+            expected
+        );
+        let json = std::fs::read_to_string(&metrics).unwrap();
+        assert_eq!(
+            json_number(&json, "direct_read_ahead"),
+            ahead,
+            "{limit}: {json}"
+        );
+    }
     f.join(&["--spill-direct-io=sometimes"])
         .usage_error(&["sometimes", "auto, on or off"]);
 }

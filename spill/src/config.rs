@@ -151,7 +151,7 @@ pub struct ParseSpillOptionError {
 /// assert_eq!(config.disk_quota_bytes, Some(10 << 30));
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SpillConfig {
     /// The directory in which the manager creates its private spill directory;
     /// `None` means [`std::env::temp_dir`]. It must exist.
@@ -170,13 +170,37 @@ pub struct SpillConfig {
     /// guest's free memory, buffered writes are slowed by the host's faults on
     /// fresh page-cache pages, and direct I/O paid (BENCHMARKS.md, "Direct I/O").
     /// A writer takes a 1 MiB block-aligned buffer while it writes a message, an
-    /// open reader four (the run it reads from and three read ahead), from a pool of
-    /// at most ten idle ones; none of them is reserved in the join's memory pool.
-    /// Reads in [`SpillReadMode::Mmap`] go through the page cache all the same.
+    /// open reader one more than [`direct_read_ahead`](Self::direct_read_ahead)
+    /// (the run it reads from and those read ahead), from a pool of idle ones; none
+    /// of them is reserved in the join's memory pool
+    /// ([`direct_io_bytes_per_thread`](crate::direct_io_bytes_per_thread) says how
+    /// much a thread takes). Reads in [`SpillReadMode::Mmap`] go through the page
+    /// cache all the same.
     pub direct_io: bool,
+    /// Runs of 1 MiB a direct reader reads ahead of the one it hands out from, 1 to
+    /// [`MAX_DIRECT_READ_AHEAD`](crate::MAX_DIRECT_READ_AHEAD) (more is taken as
+    /// that). The virtual disks we measure on read faster the more is in flight
+    /// (BENCHMARKS.md, the choices table): more read ahead is faster where the
+    /// memory for it is there.
+    pub direct_read_ahead: usize,
     /// Faults to inject into the manager's files (tests; feature `fault-injection`).
     #[cfg(feature = "fault-injection")]
     pub faults: Option<crate::FaultPlan>,
+}
+
+impl Default for SpillConfig {
+    fn default() -> Self {
+        Self {
+            root_dir: None,
+            compression: SpillCompression::default(),
+            disk_quota_bytes: None,
+            read_mode: SpillReadMode::default(),
+            direct_io: false,
+            direct_read_ahead: crate::direct::DEFAULT_READ_AHEAD,
+            #[cfg(feature = "fault-injection")]
+            faults: None,
+        }
+    }
 }
 
 impl SpillConfig {
@@ -207,6 +231,12 @@ impl SpillConfig {
     /// Sets [`SpillConfig::direct_io`].
     pub fn with_direct_io(mut self, direct_io: bool) -> Self {
         self.direct_io = direct_io;
+        self
+    }
+
+    /// Sets [`SpillConfig::direct_read_ahead`].
+    pub fn with_direct_read_ahead(mut self, runs: usize) -> Self {
+        self.direct_read_ahead = runs;
         self
     }
 

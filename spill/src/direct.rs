@@ -44,16 +44,32 @@ pub(crate) const BLOCK: usize = 4096;
 /// Bytes moved by one direct transfer at most: a writer's buffer, a reader's run.
 pub(crate) const TRANSFER_BYTES: usize = 1 << 20;
 
-/// Runs a reader reads ahead of the one it hands out from: a reader that reads a
-/// run only when it needs it waits for the device at every run, its CPU idle
-/// (BENCHMARKS.md, the choices table).
-const RUNS_AHEAD: usize = 3;
+/// Runs a reader reads ahead of the one it hands out from by default
+/// ([`crate::SpillConfig::direct_read_ahead`]): a reader that reads a run only when
+/// it needs it waits for the device at every run, its CPU idle (BENCHMARKS.md, the
+/// choices table).
+pub(crate) const DEFAULT_READ_AHEAD: usize = 3;
 
-/// The direct I/O buffers one thread uses at once, at most: an open reader's run and
-/// the runs it reads ahead, and a writer's buffer. They are outside the memory pool
-/// (a fixed few MiB, not growing with the input); a caller that bounds its process's
-/// memory counts this much a thread in its limit (the command line does).
-pub const DIRECT_IO_BYTES_PER_THREAD: usize = (RUNS_AHEAD + 2) * TRANSFER_BYTES;
+/// The most runs a reader reads ahead.
+pub const MAX_DIRECT_READ_AHEAD: usize = 8;
+
+/// The direct I/O buffers one thread uses at once, at most, with the default read
+/// ahead ([`direct_io_bytes_per_thread`]).
+pub const DIRECT_IO_BYTES_PER_THREAD: usize = direct_io_bytes_per_thread(DEFAULT_READ_AHEAD);
+
+/// The direct I/O buffers one thread uses at once, at most, where readers read
+/// `read_ahead` runs ahead: an open reader's run and the runs it reads ahead, and a
+/// writer's buffer. They are outside the memory pool (a fixed few MiB, not growing
+/// with the input); a caller that bounds its process's memory counts this much a
+/// thread in its limit (the command line does).
+pub const fn direct_io_bytes_per_thread(read_ahead: usize) -> usize {
+    let runs = match read_ahead {
+        0 => 1,
+        n if n > MAX_DIRECT_READ_AHEAD => MAX_DIRECT_READ_AHEAD,
+        n => n,
+    };
+    (runs + 2) * TRANSFER_BYTES
+}
 
 /// A heap buffer of `len` bytes whose start is [`BLOCK`]-aligned.
 struct Aligned {
@@ -83,9 +99,10 @@ impl Aligned {
 /// is what direct I/O is there to avoid. At most [`IDLE_BUFFERS`] are kept.
 static IDLE: Mutex<Vec<Aligned>> = Mutex::new(Vec::new());
 
-/// The most idle buffers kept: a reader holds `RUNS_AHEAD + 1` and a writer one
-/// while it writes, so this is two threads reading and writing.
-const IDLE_BUFFERS: usize = 2 * (RUNS_AHEAD + 1) + 2;
+/// The most idle buffers kept: a reader holds one more than it reads ahead and a
+/// writer one while it writes, so this is two threads reading (at the default read
+/// ahead) and writing.
+const IDLE_BUFFERS: usize = 2 * (DEFAULT_READ_AHEAD + 1) + 2;
 
 /// A buffer of [`TRANSFER_BYTES`]: an idle one, or a new one.
 fn take_buffer() -> Aligned {
@@ -268,9 +285,11 @@ pub(crate) struct DirectReader {
     /// Every run to read, in order; the next to ask for.
     runs: Vec<(u64, usize)>,
     next: usize,
-    /// The run handed out from, and the one being read ahead.
+    /// The run handed out from, and the ones being read ahead.
     current: Option<Chunk>,
     ahead: VecDeque<JoinHandle<io::Result<Chunk>>>,
+    /// How many runs are read ahead.
+    runs_ahead: usize,
     /// The buffer of the next run to start.
     spare: Option<Aligned>,
 }
@@ -285,8 +304,9 @@ impl std::fmt::Debug for DirectReader {
 }
 
 impl DirectReader {
-    /// A reader of `extents` of `file`, which was opened with `O_DIRECT`.
-    pub(crate) fn new(file: Arc<File>, extents: &[Extent]) -> Self {
+    /// A reader of `extents` of `file`, which was opened with `O_DIRECT`, reading
+    /// `runs_ahead` runs ahead (1 to [`MAX_DIRECT_READ_AHEAD`]).
+    pub(crate) fn new(file: Arc<File>, extents: &[Extent], runs_ahead: usize) -> Self {
         let block = BLOCK as u64;
         let mut runs = Vec::new();
         for extent in extents.iter().filter(|e| e.len > 0) {
@@ -304,6 +324,7 @@ impl DirectReader {
             next: 0,
             current: None,
             ahead: VecDeque::new(),
+            runs_ahead: runs_ahead.clamp(1, MAX_DIRECT_READ_AHEAD),
             spare: None,
         }
     }
@@ -345,7 +366,7 @@ impl DirectReader {
         };
         self.spare = done;
         self.current = Some(chunk);
-        while self.ahead.len() < RUNS_AHEAD {
+        while self.ahead.len() < self.runs_ahead {
             let Some(&run) = self.runs.get(self.next) else {
                 break;
             };

@@ -297,7 +297,7 @@ impl SpillFile {
             extents,
             Some(self.schema()),
             config.read_mode,
-            direct,
+            direct.then_some(config.direct_read_ahead),
             Trust::WrittenByUs(self.clone()),
         )?;
         #[cfg(feature = "fault-injection")]

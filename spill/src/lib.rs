@@ -162,7 +162,7 @@ mod views;
 mod writer;
 
 pub use config::{ParseSpillOptionError, SpillCompression, SpillConfig, SpillReadMode};
-pub use direct::DIRECT_IO_BYTES_PER_THREAD;
+pub use direct::{direct_io_bytes_per_thread, DIRECT_IO_BYTES_PER_THREAD, MAX_DIRECT_READ_AHEAD};
 pub use error::SpillError;
 #[cfg(feature = "fault-injection")]
 pub use fault::{FaultKind, FaultPlan};

@@ -183,17 +183,20 @@ fn read_at(file: &File, buf: &mut [u8], offset: u64) -> io::Result<usize> {
 impl MessageSource {
     /// Opens `path` for reading in `mode`: all of it, or only `extents` (which
     /// must lie inside the file), in order; in [`SpillReadMode::Buffered`] with
-    /// direct I/O if `direct` (the file was written so: `crate::direct`).
+    /// direct I/O if `direct` gives the runs to read ahead (the file was written
+    /// so: `crate::direct`).
     pub(crate) fn open(
         path: &Path,
         extents: Option<Arc<[Extent]>>,
         mode: SpillReadMode,
-        direct: bool,
+        direct: Option<usize>,
         written: Option<Arc<[Written]>>,
     ) -> Result<Self, FrameError> {
         let verifier = written.map(Verifier::new);
-        let direct = direct && mode == SpillReadMode::Buffered;
-        let file = crate::direct::open_for_reading(path, direct).map_err(FrameError::Io)?;
+        // (Runs read ahead, where the file is read with direct I/O.)
+        let direct = direct.filter(|_| mode == SpillReadMode::Buffered);
+        let file =
+            crate::direct::open_for_reading(path, direct.is_some()).map_err(FrameError::Io)?;
         let whole = extents.is_none();
         // In mmap mode the mapping's length is the file's: every range read below
         // lies inside it, even if the file changed since its size was asked.
@@ -208,7 +211,8 @@ impl MessageSource {
         let extents = within(extents, len)?;
         let total = extents.iter().map(|e| e.len).sum();
         let file = Arc::new(file);
-        let direct = direct.then(|| Box::new(DirectReader::new(Arc::clone(&file), &extents)));
+        let direct =
+            direct.map(|ahead| Box::new(DirectReader::new(Arc::clone(&file), &extents, ahead)));
         match mode {
             SpillReadMode::Buffered => Ok(Self::Buffered(Buffered {
                 ends: extents
@@ -536,13 +540,13 @@ mod tests {
         let len = file.bytes();
         for mode in [SpillReadMode::Buffered, SpillReadMode::Mmap] {
             let open = |extents: Vec<Extent>| {
-                MessageSource::open(file.path(), Some(extents.into()), mode, false, None)
+                MessageSource::open(file.path(), Some(extents.into()), mode, None, None)
                     .map_err(|_| "open failed".to_owned())
                     .and_then(count)
             };
             // Schema, two batches: the same as one extent, or cut at message ends.
             assert_eq!(open(vec![Extent { offset: 0, len }]), Ok(3), "{mode}");
-            let whole = MessageSource::open(file.path(), None, mode, false, None)
+            let whole = MessageSource::open(file.path(), None, mode, None, None)
                 .map_err(|_| "open failed".to_owned())
                 .and_then(count);
             assert_eq!(whole, Ok(3), "{mode}");

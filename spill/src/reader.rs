@@ -188,18 +188,18 @@ pub fn read_spill_file(
     expected_schema: Option<SchemaRef>,
     mode: SpillReadMode,
 ) -> Result<SpillReader, SpillError> {
-    SpillReader::open(path, None, expected_schema, mode, false, Trust::Foreign)
+    SpillReader::open(path, None, expected_schema, mode, None, Trust::Foreign)
 }
 
 impl SpillReader {
-    /// Opens the file (or only its `extents`, in order; with direct I/O if it was
-    /// written so) and reads its schema message.
+    /// Opens the file (or only its `extents`, in order; with direct I/O, reading
+    /// `direct` runs ahead, if it was written so) and reads its schema message.
     pub(crate) fn open(
         path: &Path,
         extents: Option<Arc<[Extent]>>,
         expected_schema: Option<SchemaRef>,
         mode: SpillReadMode,
-        direct: bool,
+        direct: Option<usize>,
         trust: Trust,
     ) -> Result<Self, SpillError> {
         let written = match &trust {

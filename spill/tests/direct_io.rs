@@ -18,11 +18,20 @@ use spilljoin_spill::{
 };
 
 fn direct_manager(compression: SpillCompression, mode: SpillReadMode) -> SpillManager {
+    direct_manager_reading_ahead(compression, mode, SpillConfig::default().direct_read_ahead)
+}
+
+fn direct_manager_reading_ahead(
+    compression: SpillCompression,
+    mode: SpillReadMode,
+    read_ahead: usize,
+) -> SpillManager {
     SpillManager::new(
         SpillConfig::default()
             .with_compression(compression)
             .with_read_mode(mode)
-            .with_direct_io(true),
+            .with_direct_io(true)
+            .with_direct_read_ahead(read_ahead),
     )
     .unwrap()
 }
@@ -134,13 +143,15 @@ fn streams_sharing_a_file_read_back_apart() {
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(24))]
 
-    /// Random message sizes in random files: each stream reads back as written.
+    /// Random message sizes in random files, read with any read ahead (0 and past
+    /// the most are taken as 1 and the most): each stream reads back as written.
     #[test]
     fn random_streams_round_trip(
         sizes in prop::collection::vec((0usize..3, 0usize..3_000, 0usize..600), 1..16),
         compression in prop::sample::select(COMPRESSIONS.to_vec()),
+        read_ahead in 0usize..=spilljoin_spill::MAX_DIRECT_READ_AHEAD + 1,
     ) {
-        let m = direct_manager(compression, SpillReadMode::Buffered);
+        let m = direct_manager_reading_ahead(compression, SpillReadMode::Buffered, read_ahead);
         let group = m.create_group("random", 2);
         let mut writers: Vec<_> = (0..3)
             .map(|s| group.create_writer(schema(), s).unwrap())

@@ -100,9 +100,10 @@ impl Aligned {
 static IDLE: Mutex<Vec<Aligned>> = Mutex::new(Vec::new());
 
 /// The most idle buffers kept: a reader holds one more than it reads ahead and a
-/// writer one while it writes, so this is two threads reading (at the default read
-/// ahead) and writing.
-const IDLE_BUFFERS: usize = 2 * (DEFAULT_READ_AHEAD + 1) + 2;
+/// writer one while it writes, so this is two threads reading (as far ahead as a
+/// reader may) and writing. Only buffers that were in use at once come back here,
+/// so this holds no more than the most the threads took together.
+const IDLE_BUFFERS: usize = 2 * (MAX_DIRECT_READ_AHEAD + 1) + 2;
 
 /// A buffer of [`TRANSFER_BYTES`]: an idle one, or a new one.
 fn take_buffer() -> Aligned {

@@ -13,6 +13,7 @@
 
 use std::fmt;
 
+use spilljoin::spill::DEFAULT_DIRECT_READ_AHEAD;
 use spilljoin::{InputStatistics, Side};
 
 use crate::progress::human_bytes;
@@ -106,7 +107,7 @@ pub fn decide(mode: DirectIoMode, situation: Situation) -> DirectIoChoice {
     let choice = |direct, reason: String| DirectIoChoice {
         direct,
         reason,
-        read_ahead: default_read_ahead(),
+        read_ahead: DEFAULT_DIRECT_READ_AHEAD,
     };
     let Situation {
         expected_spill,
@@ -152,13 +153,6 @@ pub fn buffer_bytes(threads: usize, read_ahead: usize) -> u64 {
     threads.saturating_mul(spilljoin::spill::direct_io_bytes_per_thread(read_ahead)) as u64
 }
 
-/// The spill readers' default read ahead ([`SpillConfig::direct_read_ahead`]).
-///
-/// [`SpillConfig::direct_read_ahead`]: spilljoin::spill::SpillConfig::direct_read_ahead
-pub fn default_read_ahead() -> usize {
-    spilljoin::spill::SpillConfig::default().direct_read_ahead
-}
-
 /// Runs a direct reader reads ahead where the limit has room for them: with six
 /// against three, SF10's every-column join at 25% took 0.95× the time (BENCHMARKS.md,
 /// the choices table); the 3 MiB a thread more come out of the limit.
@@ -176,7 +170,7 @@ pub fn read_ahead(direct: bool, threads: usize, join_limit: u64) -> usize {
     let deep = buffer_bytes(threads, DEEP_READ_AHEAD);
     match direct && deep <= join_limit / DEEP_SHARE {
         true => DEEP_READ_AHEAD,
-        false => default_read_ahead(),
+        false => DEFAULT_DIRECT_READ_AHEAD,
     }
 }
 
@@ -281,7 +275,7 @@ mod tests {
             read_ahead,
         };
         let (shallow, deep) = (
-            choice(true, default_read_ahead()),
+            choice(true, DEFAULT_DIRECT_READ_AHEAD),
             choice(true, DEEP_READ_AHEAD),
         );
         assert_eq!(buffers_in_pool(&shallow, true, 2, GIB), 2 * per_thread);
@@ -296,9 +290,9 @@ mod tests {
     #[test]
     fn read_ahead_deepens_with_room_in_the_limit() {
         assert_eq!(read_ahead(true, 2, 256 << 20), DEEP_READ_AHEAD);
-        assert_eq!(read_ahead(true, 2, 200 << 20), default_read_ahead());
-        assert_eq!(read_ahead(true, 8, 256 << 20), default_read_ahead());
-        assert_eq!(read_ahead(false, 2, GIB), default_read_ahead());
+        assert_eq!(read_ahead(true, 2, 200 << 20), DEFAULT_DIRECT_READ_AHEAD);
+        assert_eq!(read_ahead(true, 8, 256 << 20), DEFAULT_DIRECT_READ_AHEAD);
+        assert_eq!(read_ahead(false, 2, GIB), DEFAULT_DIRECT_READ_AHEAD);
     }
 
     #[test]

@@ -436,7 +436,7 @@ fn choose_direct_io(
     let situation = direct_io::Situation {
         expected_spill: expected_spill_bytes(build, probe, join_limit),
         available: spilljoin::memory::available_memory_bytes(),
-        buffers: direct_io::buffer_bytes(threads, direct_io::default_read_ahead()),
+        buffers: direct_io::buffer_bytes(threads, spilljoin::spill::DEFAULT_DIRECT_READ_AHEAD),
         join_limit,
     };
     direct_io::decide(run.spill_direct_io, situation)

@@ -24,7 +24,7 @@
 use std::sync::Arc;
 
 use datafusion::common::{not_impl_err, DataFusionError, Result};
-use datafusion::config::{ConfigExtension, ExtensionOptions};
+use datafusion::config::ExtensionOptions;
 use datafusion::execution::TaskContext;
 use datafusion::physical_plan::empty::EmptyExec;
 use datafusion::physical_plan::execution_plan::{ChildrenPropertiesMode, ReplaceChildrenOptions};
@@ -190,13 +190,7 @@ impl<'a> Reader<'a> {
         for _ in 0..self.u32()? {
             let key = self.string()?;
             let value = self.string()?;
-            // Entries carry their full key (`spilljoin.max_depth`); `set` takes it
-            // without the prefix.
-            let field = key
-                .strip_prefix(SpilljoinConfig::PREFIX)
-                .and_then(|rest| rest.strip_prefix('.'))
-                .unwrap_or(&key);
-            settings.set(field, &value)?;
+            settings.set_entry(&key, &value)?;
         }
         Ok(settings)
     }

@@ -179,6 +179,23 @@ impl SpilljoinConfig {
             .unwrap_or_default()
     }
 
+    /// Sets the setting an entry of [`ConfigOptions::entries`] names: by its full key
+    /// (`spilljoin.max_depth`), or by the key alone, as entries were written before
+    /// they carried the prefix.
+    ///
+    /// [`ConfigOptions::entries`]: datafusion::common::config::ConfigOptions::entries
+    ///
+    /// # Errors
+    /// A configuration error for a key that names no setting or a value that does
+    /// not parse.
+    pub fn set_entry(&mut self, key: &str, value: &str) -> Result<()> {
+        let field = key
+            .strip_prefix(Self::PREFIX)
+            .and_then(|rest| rest.strip_prefix('.'))
+            .unwrap_or(key);
+        ConfigField::set(self, field, value)
+    }
+
     /// The spill compression, parsed.
     ///
     /// # Errors
@@ -318,6 +335,19 @@ mod tests {
         let settings = SpilljoinConfig::from_session(copy.options());
         assert!(!settings.enabled);
         assert_eq!(settings.force_spill, 0.5);
+        Ok(())
+    }
+
+    /// An entry's key sets its setting with or without the prefix; another
+    /// extension's key or an unknown one is refused.
+    #[test]
+    fn entries_set_by_full_or_bare_key() -> Result<()> {
+        let mut settings = SpilljoinConfig::default();
+        settings.set_entry("spilljoin.max_depth", "2")?;
+        settings.set_entry("force_spill", "0.25")?;
+        assert_eq!((settings.max_depth, settings.force_spill), (2, 0.25));
+        assert!(settings.set_entry("spilljoin.nothing", "1").is_err());
+        assert!(settings.set_entry("ballista.max_depth", "1").is_err());
         Ok(())
     }
 

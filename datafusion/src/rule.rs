@@ -104,9 +104,9 @@ impl PhysicalOptimizerRule for SpilljoinRule {
 /// ([`SpilljoinExec`]'s module docs). Not where a limit holds the outer side in one
 /// partition: one on the coalesce (`LIMIT` in the outer query, pushed down), or on
 /// the join itself, which would then apply to each partition; such a `NOT IN` runs
-/// in one task, its subquery coalesced all the same. Another `CollectLeft` join that outputs build
-/// rows gets its probe side coalesced to one partition, so that one task sees every
-/// probe row before it outputs the build rows none matched. (In one process the
+/// in one task, its subquery coalesced all the same. Another `CollectLeft` join that
+/// outputs build rows gets its probe side coalesced to one partition, so that one
+/// task sees every probe row before it outputs the build rows none matched. (In one process the
 /// partitions share one run instead; as tasks of a distributed engine each would
 /// output them, some wrongly.)
 fn distributed_shape(hash: &HashJoinExec) -> Result<HashJoinExec> {

@@ -196,7 +196,7 @@ impl Default for SpillConfig {
             disk_quota_bytes: None,
             read_mode: SpillReadMode::default(),
             direct_io: false,
-            direct_read_ahead: crate::direct::DEFAULT_READ_AHEAD,
+            direct_read_ahead: crate::direct::DEFAULT_DIRECT_READ_AHEAD,
             #[cfg(feature = "fault-injection")]
             faults: None,
         }

@@ -48,14 +48,14 @@ pub(crate) const TRANSFER_BYTES: usize = 1 << 20;
 /// ([`crate::SpillConfig::direct_read_ahead`]): a reader that reads a run only when
 /// it needs it waits for the device at every run, its CPU idle (BENCHMARKS.md, the
 /// choices table).
-pub(crate) const DEFAULT_READ_AHEAD: usize = 3;
+pub const DEFAULT_DIRECT_READ_AHEAD: usize = 3;
 
 /// The most runs a reader reads ahead.
 pub const MAX_DIRECT_READ_AHEAD: usize = 8;
 
 /// The direct I/O buffers one thread uses at once, at most, with the default read
 /// ahead ([`direct_io_bytes_per_thread`]).
-pub const DIRECT_IO_BYTES_PER_THREAD: usize = direct_io_bytes_per_thread(DEFAULT_READ_AHEAD);
+pub const DIRECT_IO_BYTES_PER_THREAD: usize = direct_io_bytes_per_thread(DEFAULT_DIRECT_READ_AHEAD);
 
 /// The direct I/O buffers one thread uses at once, at most, where readers read
 /// `read_ahead` runs ahead: an open reader's run and the runs it reads ahead, and a
@@ -63,12 +63,17 @@ pub const DIRECT_IO_BYTES_PER_THREAD: usize = direct_io_bytes_per_thread(DEFAULT
 /// with the input); a caller that bounds its process's memory counts this much a
 /// thread in its limit (the command line does).
 pub const fn direct_io_bytes_per_thread(read_ahead: usize) -> usize {
-    let runs = match read_ahead {
+    (runs_ahead(read_ahead) + 2) * TRANSFER_BYTES
+}
+
+/// The runs a reader asked to read `read_ahead` runs ahead does read ahead: at least
+/// one, at most [`MAX_DIRECT_READ_AHEAD`].
+const fn runs_ahead(read_ahead: usize) -> usize {
+    match read_ahead {
         0 => 1,
         n if n > MAX_DIRECT_READ_AHEAD => MAX_DIRECT_READ_AHEAD,
         n => n,
-    };
-    (runs + 2) * TRANSFER_BYTES
+    }
 }
 
 /// A heap buffer of `len` bytes whose start is [`BLOCK`]-aligned.
@@ -325,7 +330,7 @@ impl DirectReader {
             next: 0,
             current: None,
             ahead: VecDeque::new(),
-            runs_ahead: runs_ahead.clamp(1, MAX_DIRECT_READ_AHEAD),
+            runs_ahead: self::runs_ahead(runs_ahead),
             spare: None,
         }
     }

@@ -162,7 +162,10 @@ mod views;
 mod writer;
 
 pub use config::{ParseSpillOptionError, SpillCompression, SpillConfig, SpillReadMode};
-pub use direct::{direct_io_bytes_per_thread, DIRECT_IO_BYTES_PER_THREAD, MAX_DIRECT_READ_AHEAD};
+pub use direct::{
+    direct_io_bytes_per_thread, DEFAULT_DIRECT_READ_AHEAD, DIRECT_IO_BYTES_PER_THREAD,
+    MAX_DIRECT_READ_AHEAD,
+};
 pub use error::SpillError;
 #[cfg(feature = "fault-injection")]
 pub use fault::{FaultKind, FaultPlan};

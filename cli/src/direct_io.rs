@@ -13,7 +13,7 @@
 
 use std::fmt;
 
-use spilljoin::spill::DEFAULT_DIRECT_READ_AHEAD;
+use spilljoin::spill::{DEFAULT_DIRECT_READ_AHEAD, DEFAULT_DIRECT_WRITES_BEHIND};
 use spilljoin::{InputStatistics, Side};
 
 use crate::progress::human_bytes;
@@ -65,9 +65,27 @@ pub struct DirectIoChoice {
     pub direct: bool,
     /// Why, in a few words.
     pub reason: String,
-    /// Runs of 1 MiB a direct reader reads ahead ([`read_ahead`]).
-    pub read_ahead: usize,
+    /// Runs of 1 MiB a direct reader reads ahead, and direct writes a thread keeps
+    /// in flight ([`depth`]).
+    pub depth: Depth,
 }
+
+/// How far direct I/O works ahead of a thread: runs of 1 MiB a reader reads ahead,
+/// writes of up to 1 MiB a thread keeps in flight behind it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Depth {
+    /// `SpillConfig::direct_read_ahead`.
+    pub read_ahead: usize,
+    /// `SpillConfig::direct_writes_behind`.
+    pub writes_behind: usize,
+}
+
+/// The least depth: where the limit has no room for more, a writer waits for its
+/// writes, as every writer did before writes behind.
+pub const SHALLOW: Depth = Depth {
+    read_ahead: DEFAULT_DIRECT_READ_AHEAD,
+    writes_behind: 0,
+};
 
 /// What a join is expected to spill, in bytes: none when the build's estimate fits
 /// under the join's limit; otherwise the share of both inputs that the build's
@@ -107,7 +125,7 @@ pub fn decide(mode: DirectIoMode, situation: Situation) -> DirectIoChoice {
     let choice = |direct, reason: String| DirectIoChoice {
         direct,
         reason,
-        read_ahead: DEFAULT_DIRECT_READ_AHEAD,
+        depth: SHALLOW,
     };
     let Situation {
         expected_spill,
@@ -146,11 +164,12 @@ pub fn decide(mode: DirectIoMode, situation: Situation) -> DirectIoChoice {
 /// its peak RSS to its bound (BENCHMARKS.md, "Direct I/O").
 const BUFFERS_SHARE: u64 = 8;
 
-/// The direct I/O buffers of `threads` workers at most, their readers reading
-/// `read_ahead` runs ahead ([`spilljoin::spill::direct_io_bytes_per_thread`] each;
-/// outside the pool).
-pub fn buffer_bytes(threads: usize, read_ahead: usize) -> u64 {
-    threads.saturating_mul(spilljoin::spill::direct_io_bytes_per_thread(read_ahead)) as u64
+/// The direct I/O buffers of `threads` workers at most, at `depth`
+/// ([`spilljoin::spill::direct_io_bytes_per_thread`] each; outside the pool).
+pub fn buffer_bytes(threads: usize, depth: Depth) -> u64 {
+    let per_thread =
+        spilljoin::spill::direct_io_bytes_per_thread(depth.read_ahead, depth.writes_behind);
+    threads.saturating_mul(per_thread) as u64
 }
 
 /// Runs a direct reader reads ahead where the limit has room for them: with six
@@ -158,19 +177,33 @@ pub fn buffer_bytes(threads: usize, read_ahead: usize) -> u64 {
 /// the choices table); the 3 MiB a thread more come out of the limit.
 pub const DEEP_READ_AHEAD: usize = 6;
 
-/// Direct readers read [`DEEP_READ_AHEAD`] runs ahead where the buffers that takes
-/// are at most 1/this of the join's limit: the same 6% of a limit or less as the
-/// default's at the smallest limit `auto` goes direct under ([`BUFFERS_SHARE`]),
-/// about 256 MiB for two threads.
+/// The depths tried, deepest first, where the limit has room for them
+/// ([`DEEP_SHARE`]); else [`SHALLOW`]. Writes behind come first: two a thread took
+/// SF10's every-column join at 25% to 0.91× the time, reading six runs ahead to
+/// 0.94× (BENCHMARKS.md, the choices table).
+const DEPTHS: [Depth; 2] = [
+    Depth {
+        read_ahead: DEEP_READ_AHEAD,
+        writes_behind: DEFAULT_DIRECT_WRITES_BEHIND,
+    },
+    Depth {
+        read_ahead: DEFAULT_DIRECT_READ_AHEAD,
+        writes_behind: DEFAULT_DIRECT_WRITES_BEHIND,
+    },
+];
+
+/// Direct I/O works deeper than [`SHALLOW`] where the buffers that takes are at most
+/// 1/this of the join's limit: the same 6% of a limit or less as the shallow
+/// buffers' at the smallest limit `auto` goes direct under ([`BUFFERS_SHARE`]).
 const DEEP_SHARE: u64 = 16;
 
-/// How many runs direct readers read ahead: [`DEEP_READ_AHEAD`] where the join's
-/// limit has room for its buffers ([`DEEP_SHARE`]), else the default.
-pub fn read_ahead(direct: bool, threads: usize, join_limit: u64) -> usize {
-    let deep = buffer_bytes(threads, DEEP_READ_AHEAD);
-    match direct && deep <= join_limit / DEEP_SHARE {
-        true => DEEP_READ_AHEAD,
-        false => DEFAULT_DIRECT_READ_AHEAD,
+/// How far direct I/O works ahead: the deepest of [`DEPTHS`] whose buffers fit in
+/// the join's limit ([`DEEP_SHARE`]), else [`SHALLOW`].
+pub fn depth(direct: bool, threads: usize, join_limit: u64) -> Depth {
+    let fits = |d: &&Depth| buffer_bytes(threads, **d) <= join_limit / DEEP_SHARE;
+    match direct {
+        true => DEPTHS.iter().find(fits).copied().unwrap_or(SHALLOW),
+        false => SHALLOW,
     }
 }
 
@@ -188,7 +221,7 @@ pub fn buffers_in_pool(
     if !choice.direct || !limit_given {
         return 0;
     }
-    buffer_bytes(threads, choice.read_ahead).min(join_limit / BUFFERS_SHARE)
+    buffer_bytes(threads, choice.depth).min(join_limit / BUFFERS_SHARE)
 }
 
 /// The build and probe inputs' statistics of a join whose build is `build_side`.
@@ -268,31 +301,30 @@ mod tests {
 
     #[test]
     fn direct_buffers_come_out_of_a_given_limit_only() {
-        let per_thread = spilljoin::spill::DIRECT_IO_BYTES_PER_THREAD as u64;
-        let choice = |direct, read_ahead| DirectIoChoice {
+        let choice = |direct, depth| DirectIoChoice {
             direct,
             reason: String::new(),
-            read_ahead,
+            depth,
         };
-        let (shallow, deep) = (
-            choice(true, DEFAULT_DIRECT_READ_AHEAD),
-            choice(true, DEEP_READ_AHEAD),
-        );
-        assert_eq!(buffers_in_pool(&shallow, true, 2, GIB), 2 * per_thread);
-        assert_eq!(buffers_in_pool(&deep, true, 2, GIB), 2 * (8 << 20));
+        let (shallow, deep) = (choice(true, SHALLOW), choice(true, DEPTHS[0]));
+        assert_eq!(buffers_in_pool(&shallow, true, 2, GIB), 2 * (5 << 20));
+        assert_eq!(buffers_in_pool(&deep, true, 2, GIB), 2 * (10 << 20));
         assert_eq!(buffers_in_pool(&shallow, true, 64, 64 << 20), 8 << 20);
-        assert_eq!(buffers_in_pool(&choice(false, 3), true, 2, GIB), 0);
+        assert_eq!(buffers_in_pool(&choice(false, SHALLOW), true, 2, GIB), 0);
         assert_eq!(buffers_in_pool(&shallow, false, 2, GIB), 0);
     }
 
-    /// Readers read further ahead where the limit has room for their buffers, and
-    /// only with direct I/O.
+    /// Writers keep writes in flight, then readers read further ahead, where the
+    /// limit has room for their buffers, and only with direct I/O.
     #[test]
-    fn read_ahead_deepens_with_room_in_the_limit() {
-        assert_eq!(read_ahead(true, 2, 256 << 20), DEEP_READ_AHEAD);
-        assert_eq!(read_ahead(true, 2, 200 << 20), DEFAULT_DIRECT_READ_AHEAD);
-        assert_eq!(read_ahead(true, 8, 256 << 20), DEFAULT_DIRECT_READ_AHEAD);
-        assert_eq!(read_ahead(false, 2, GIB), DEFAULT_DIRECT_READ_AHEAD);
+    fn depth_grows_with_room_in_the_limit() {
+        assert_eq!(depth(true, 2, 320 << 20), DEPTHS[0]);
+        assert_eq!(depth(true, 2, 319 << 20), DEPTHS[1]);
+        assert_eq!(depth(true, 2, 224 << 20), DEPTHS[1]);
+        assert_eq!(depth(true, 2, 223 << 20), SHALLOW);
+        assert_eq!(depth(true, 8, 320 << 20), SHALLOW);
+        assert_eq!(depth(false, 2, GIB), SHALLOW);
+        assert_eq!(DEPTHS[1].read_ahead, SHALLOW.read_ahead);
     }
 
     #[test]

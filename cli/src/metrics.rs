@@ -13,7 +13,8 @@
 //!   "build": { "rows", "rows_spilled", "bytes_spilled" },
 //!   "probe": { "rows", "rows_spilled", "bytes_spilled", "rows_skipped_by_bloom" },
 //!   "spill": { "files", "partitions_spilled", "max_recursion_depth", "fallbacks", "hot_key_splits", "swapped_pairs", "dir", "compression",
-//!              "max_bytes", "direct_io", "direct_read_ahead", "direct_io_reason" },
+//!              "max_bytes", "direct_io", "direct_read_ahead", "direct_writes_behind",
+//!              "direct_io_reason" },
 //!   "memory": { "limit_bytes", "reader_pages_in_limit_bytes" (a reader's pages
 //!     beyond 32 MiB, taken out of the join's pool), "direct_io_buffers_in_limit_bytes"
 //!     (likewise, the direct I/O buffers), "peak_reserved_bytes", "peak_rss_bytes" },
@@ -174,6 +175,7 @@ fn spill(plan: &Plan, m: &JoinMetrics) -> Value {
         "max_bytes": plan.spill.disk_quota_bytes,
         "direct_io": plan.spill.direct_io,
         "direct_read_ahead": plan.spill.direct_read_ahead,
+        "direct_writes_behind": plan.spill.direct_writes_behind,
         "direct_io_reason": plan.direct_io_reason,
     })
 }

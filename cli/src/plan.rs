@@ -157,7 +157,8 @@ impl Plan {
         let (schema, rename) = output_schema(&join, selected.as_deref(), &request);
         let mut spill = spill_config(run);
         spill.direct_io = direct_io.direct;
-        spill.direct_read_ahead = direct_io.read_ahead;
+        spill.direct_read_ahead = direct_io.depth.read_ahead;
+        spill.direct_writes_behind = direct_io.depth.writes_behind;
         Ok(Self {
             left_columns,
             right_columns,
@@ -309,7 +310,10 @@ impl Plan {
                 None => "no size limit".into(),
             },
             match self.spill.direct_io {
-                true => format!("on, {} MiB read ahead", self.spill.direct_read_ahead),
+                true => format!(
+                    "on, {} MiB read ahead, {} writes behind a thread",
+                    self.spill.direct_read_ahead, self.spill.direct_writes_behind
+                ),
                 false => "off".into(),
             },
             self.direct_io_reason
@@ -410,7 +414,7 @@ fn build_with_direct_io(
     let join = builder.clone().build().map_err(|e| key_hint(e, request))?;
     let mut direct_io = choose_direct_io(run, &join, stats, threads);
     let join_limit = join.memory_limit() as u64;
-    direct_io.read_ahead = direct_io::read_ahead(direct_io.direct, threads, join_limit);
+    direct_io.depth = direct_io::depth(direct_io.direct, threads, join_limit);
     let limit_given = run.memory_limit.is_some();
     let in_pool = direct_io::buffers_in_pool(&direct_io, limit_given, threads, join_limit);
     if in_pool == 0 {
@@ -436,7 +440,7 @@ fn choose_direct_io(
     let situation = direct_io::Situation {
         expected_spill: expected_spill_bytes(build, probe, join_limit),
         available: spilljoin::memory::available_memory_bytes(),
-        buffers: direct_io::buffer_bytes(threads, spilljoin::spill::DEFAULT_DIRECT_READ_AHEAD),
+        buffers: direct_io::buffer_bytes(threads, direct_io::SHALLOW),
         join_limit,
     };
     direct_io::decide(run.spill_direct_io, situation)

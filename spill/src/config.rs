@@ -169,7 +169,9 @@ pub struct SpillConfig {
     /// from the disk when direct. On virtual machines whose host takes back the
     /// guest's free memory, buffered writes are slowed by the host's faults on
     /// fresh page-cache pages, and direct I/O paid (BENCHMARKS.md, "Direct I/O").
-    /// A writer takes a 1 MiB block-aligned buffer while it writes a message, an
+    /// A writer takes a 1 MiB block-aligned buffer while it writes a message, and
+    /// one for each of its thread's writes in flight
+    /// ([`direct_writes_behind`](Self::direct_writes_behind)), an
     /// open reader one more than [`direct_read_ahead`](Self::direct_read_ahead)
     /// (the run it reads from and those read ahead), from a pool of idle ones; none
     /// of them is reserved in the join's memory pool
@@ -183,6 +185,11 @@ pub struct SpillConfig {
     /// (BENCHMARKS.md, the choices table): more read ahead is faster where the
     /// memory for it is there.
     pub direct_read_ahead: usize,
+    /// Direct writes a thread keeps in flight while it goes on, 0 to
+    /// [`MAX_DIRECT_WRITES_BEHIND`](crate::MAX_DIRECT_WRITES_BEHIND) (more is taken
+    /// as that; 0 waits for every write). A thread that waits for each write of a
+    /// large spill leaves its core idle while the device works.
+    pub direct_writes_behind: usize,
     /// Faults to inject into the manager's files (tests; feature `fault-injection`).
     #[cfg(feature = "fault-injection")]
     pub faults: Option<crate::FaultPlan>,
@@ -197,6 +204,7 @@ impl Default for SpillConfig {
             read_mode: SpillReadMode::default(),
             direct_io: false,
             direct_read_ahead: crate::direct::DEFAULT_DIRECT_READ_AHEAD,
+            direct_writes_behind: crate::direct::DEFAULT_DIRECT_WRITES_BEHIND,
             #[cfg(feature = "fault-injection")]
             faults: None,
         }
@@ -231,6 +239,12 @@ impl SpillConfig {
     /// Sets [`SpillConfig::direct_io`].
     pub fn with_direct_io(mut self, direct_io: bool) -> Self {
         self.direct_io = direct_io;
+        self
+    }
+
+    /// Sets [`SpillConfig::direct_writes_behind`].
+    pub fn with_direct_writes_behind(mut self, writes: usize) -> Self {
+        self.direct_writes_behind = writes;
         self
     }
 

@@ -3,8 +3,11 @@
 //!
 //! ```text
 //!  message ─► an aligned 1 MiB buffer (the file's last partial block first,
-//!             then the message) ─► pwrite of whole blocks at the block where the
-//!             file's logical end was; the new partial block is kept for the next
+//!             then the message) ─► pwrite of its whole blocks at the block where
+//!             the file's logical end was, on a thread of its own while the writer
+//!             goes on (a few writes a thread); the new partial block
+//!             is kept for the next message, or written padded where the file must
+//!             be readable (a spill file finished)
 //!  reader  ─► runs of whole blocks (up to 1 MiB, not past the extent they hold),
 //!             each read on a thread of its own while the one before is copied
 //!             out as asked
@@ -31,6 +34,7 @@ use std::collections::VecDeque;
 use std::fs::{File, OpenOptions};
 use std::io;
 use std::path::Path;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::JoinHandle;
 
@@ -54,16 +58,18 @@ pub const DEFAULT_DIRECT_READ_AHEAD: usize = 3;
 pub const MAX_DIRECT_READ_AHEAD: usize = 8;
 
 /// The direct I/O buffers one thread uses at once, at most, with the default read
-/// ahead ([`direct_io_bytes_per_thread`]).
-pub const DIRECT_IO_BYTES_PER_THREAD: usize = direct_io_bytes_per_thread(DEFAULT_DIRECT_READ_AHEAD);
+/// ahead and writes behind ([`direct_io_bytes_per_thread`]).
+pub const DIRECT_IO_BYTES_PER_THREAD: usize =
+    direct_io_bytes_per_thread(DEFAULT_DIRECT_READ_AHEAD, DEFAULT_DIRECT_WRITES_BEHIND);
 
 /// The direct I/O buffers one thread uses at once, at most, where readers read
-/// `read_ahead` runs ahead: an open reader's run and the runs it reads ahead, and a
-/// writer's buffer. They are outside the memory pool (a fixed few MiB, not growing
+/// `read_ahead` runs ahead and writers keep `writes_behind` writes in flight: an
+/// open reader's run and the runs it reads ahead, a writer's buffer and its writes
+/// behind. They are outside the memory pool (a fixed few MiB, not growing
 /// with the input); a caller that bounds its process's memory counts this much a
 /// thread in its limit (the command line does).
-pub const fn direct_io_bytes_per_thread(read_ahead: usize) -> usize {
-    (runs_ahead(read_ahead) + 2) * TRANSFER_BYTES
+pub const fn direct_io_bytes_per_thread(read_ahead: usize, writes_behind: usize) -> usize {
+    (runs_ahead(read_ahead) + 2 + writes_behind_at_most(writes_behind)) * TRANSFER_BYTES
 }
 
 /// The runs a reader asked to read `read_ahead` runs ahead does read ahead: at least
@@ -73,6 +79,15 @@ const fn runs_ahead(read_ahead: usize) -> usize {
         0 => 1,
         n if n > MAX_DIRECT_READ_AHEAD => MAX_DIRECT_READ_AHEAD,
         n => n,
+    }
+}
+
+/// The writes behind a writer asked for `writes_behind` keeps in flight: at most
+/// [`MAX_DIRECT_WRITES_BEHIND`].
+const fn writes_behind_at_most(writes_behind: usize) -> usize {
+    match writes_behind > MAX_DIRECT_WRITES_BEHIND {
+        true => MAX_DIRECT_WRITES_BEHIND,
+        false => writes_behind,
     }
 }
 
@@ -105,10 +120,10 @@ impl Aligned {
 static IDLE: Mutex<Vec<Aligned>> = Mutex::new(Vec::new());
 
 /// The most idle buffers kept: a reader holds one more than it reads ahead and a
-/// writer one while it writes, so this is two threads reading (as far ahead as a
-/// reader may) and writing. Only buffers that were in use at once come back here,
+/// writer one while it writes and those of its writes behind, so this is two
+/// threads reading (as far ahead as a reader may) and writing. Only buffers that were in use at once come back here,
 /// so this holds no more than the most the threads took together.
-const IDLE_BUFFERS: usize = 2 * (MAX_DIRECT_READ_AHEAD + 1) + 2;
+const IDLE_BUFFERS: usize = 2 * (MAX_DIRECT_READ_AHEAD + 2 + MAX_DIRECT_WRITES_BEHIND);
 
 /// A buffer of [`TRANSFER_BYTES`]: an idle one, or a new one.
 fn take_buffer() -> Aligned {
@@ -165,63 +180,202 @@ pub(crate) fn open_for_reading(path: &Path, direct: bool) -> io::Result<File> {
     File::open(path)
 }
 
-/// The logical end of a file written with `O_DIRECT`, and the bytes of its last,
-/// partial block (held here until the next message completes it).
+/// Direct writes a thread keeps in flight behind it by default
+/// ([`crate::SpillConfig::direct_writes_behind`]; [`DirectTail`]): each holds a
+/// buffer of [`TRANSFER_BYTES`] until the device has it. Two cover a probe
+/// message of a large spill (1.25 MiB on average at SF10); with one, the rest of
+/// such a message was written in the writer's time (BENCHMARKS.md, the choices
+/// table).
+pub const DEFAULT_DIRECT_WRITES_BEHIND: usize = 2;
+
+/// The most writes a thread keeps in flight behind it.
+pub const MAX_DIRECT_WRITES_BEHIND: usize = 4;
+
+thread_local! {
+    /// This thread's direct writes in flight (each write's permit holds a clone and
+    /// gives its count back when the write is done, on the thread that did it).
+    static WRITES_BEHIND: Arc<AtomicUsize> = Arc::new(AtomicUsize::new(0));
+}
+
+/// A write behind counted against the thread that issued it.
+struct WritePermit(Arc<AtomicUsize>);
+
+impl WritePermit {
+    /// A permit, when the calling thread has fewer than `at_most` writes in flight.
+    fn take(at_most: usize) -> Option<Self> {
+        let at_most = writes_behind_at_most(at_most);
+        WRITES_BEHIND.with(|count| {
+            let taken = count.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < at_most).then_some(n + 1)
+            });
+            taken.ok().map(|_| Self(Arc::clone(count)))
+        })
+    }
+}
+
+impl Drop for WritePermit {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// A write of whole blocks on a thread of its own, which hands its buffer back when
+/// done (a write that ended holds no buffer until it is collected).
+type Behind = JoinHandle<io::Result<()>>;
+
+/// The logical end of a file written with `O_DIRECT`, the bytes of its last, partial
+/// block (held here until a later message completes it, or [`flush`](Self::flush)
+/// writes it padded), and the writes of whole blocks still in flight.
+///
+/// Why writes go behind: a thread that waits for every `pwrite` leaves its core
+/// idle while the device works (16–19% of the time in the probe phase of a large
+/// spill, BENCHMARKS.md). Only whole blocks that no later write touches go behind,
+/// so writes in flight never overlap and their order does not matter; the partial
+/// block is written only where the file must be readable: [`flush`](Self::flush).
 #[derive(Debug, Default)]
 pub(crate) struct DirectTail {
     len: u64,
     tail: Vec<u8>,
+    behind: VecDeque<Behind>,
 }
 
 impl DirectTail {
     /// Appends `buffers` at the file's logical end: the partial last block and the
-    /// message go out in whole blocks, the new partial block padded with zeros
-    /// (overwritten by the next append, cut off by [`finish`](Self::finish)).
-    pub(crate) fn append(&mut self, file: &File, buffers: &[Buffer]) -> io::Result<()> {
-        let mut scratch = take_buffer();
-        let appended = self.append_through(file, buffers, scratch.get_mut());
-        give_back(scratch);
-        appended
-    }
-
-    fn append_through(
+    /// message go out in whole blocks, behind when the thread has fewer than
+    /// `writes_behind` writes in flight; the new partial block stays here.
+    ///
+    /// # Errors
+    ///
+    /// Also the error of a write behind that has ended since the last call.
+    pub(crate) fn append(
         &mut self,
-        file: &File,
+        file: &Arc<File>,
         buffers: &[Buffer],
-        scratch: &mut [u8],
+        writes_behind: usize,
     ) -> io::Result<()> {
+        self.reap(false)?;
+        let mut scratch = take_buffer();
         let mut offset = self.len - self.tail.len() as u64;
         let mut filled = self.tail.len();
-        scratch[..filled].copy_from_slice(&self.tail);
+        scratch.get_mut()[..filled].copy_from_slice(&self.tail);
         let mut len = self.len;
         for buffer in buffers {
             let mut bytes = buffer.as_slice();
             while !bytes.is_empty() {
-                let n = bytes.len().min(scratch.len() - filled);
-                scratch[filled..filled + n].copy_from_slice(&bytes[..n]);
+                let room = &mut scratch.get_mut()[filled..];
+                let n = bytes.len().min(room.len());
+                room[..n].copy_from_slice(&bytes[..n]);
                 (filled, bytes, len) = (filled + n, &bytes[n..], len + n as u64);
-                if filled == scratch.len() {
-                    write_all_at(file, scratch, offset)?;
+                if filled == TRANSFER_BYTES {
+                    scratch = self.write(file, scratch, (offset, filled), writes_behind)?;
                     (offset, filled) = (offset + filled as u64, 0);
                 }
             }
         }
-        let partial = filled % BLOCK;
-        let padded = filled.div_ceil(BLOCK) * BLOCK;
-        scratch[filled..padded].fill(0);
-        write_all_at(file, &scratch[..padded], offset)?;
-        // Only once every block is in the file: a failed append leaves the tail
-        // as it was (the writer is unusable after any failed write anyway).
+        let whole = filled / BLOCK * BLOCK;
         self.tail.clear();
-        self.tail
-            .extend_from_slice(&scratch[filled - partial..filled]);
+        self.tail.extend_from_slice(&scratch.get()[whole..filled]);
         self.len = len;
+        if whole > 0 {
+            scratch = self.write(file, scratch, (offset, whole), writes_behind)?;
+        }
+        give_back(scratch);
         Ok(())
     }
 
-    /// Cuts the file back to its logical end (the last block was written padded).
-    pub(crate) fn finish(&self, file: &File) -> io::Result<()> {
+    /// Writes `buffer`'s first `len` bytes at `offset`: behind when this thread has
+    /// a write to spare (then returns a fresh buffer), else now (then `buffer`).
+    fn write(
+        &mut self,
+        file: &Arc<File>,
+        buffer: Aligned,
+        (offset, len): (u64, usize),
+        writes_behind: usize,
+    ) -> io::Result<Aligned> {
+        let Some(permit) = WritePermit::take(writes_behind) else {
+            write_all_at(file, &buffer.get()[..len], offset)?;
+            return Ok(buffer);
+        };
+        // The buffer comes back from a thread that could not be started.
+        let handed = Arc::new(Mutex::new(Some(buffer)));
+        let (theirs, file_there) = (Arc::clone(&handed), Arc::clone(file));
+        let spawned = std::thread::Builder::new()
+            .name("spill-write-behind".into())
+            .spawn(move || {
+                let _permit = permit;
+                let taken = theirs.lock().unwrap_or_else(PoisonError::into_inner).take();
+                let buffer = taken.ok_or_else(|| io::Error::other("write-behind buffer gone"))?;
+                let written = write_all_at(&file_there, &buffer.get()[..len], offset);
+                give_back(buffer);
+                written
+            });
+        match spawned {
+            Ok(handle) => {
+                self.behind.push_back(handle);
+                Ok(take_buffer())
+            }
+            Err(_) => {
+                let taken = handed.lock().unwrap_or_else(PoisonError::into_inner).take();
+                let buffer = taken.ok_or_else(|| io::Error::other("write-behind buffer gone"))?;
+                write_all_at(file, &buffer.get()[..len], offset)?;
+                Ok(buffer)
+            }
+        }
+    }
+
+    /// Collects the writes behind that have ended (all of them, waiting, if `all`).
+    /// Returns the first failure.
+    fn reap(&mut self, all: bool) -> io::Result<()> {
+        let mut failed = Ok(());
+        while let Some(write) = self.behind.front() {
+            if !all && !write.is_finished() {
+                break;
+            }
+            let Some(write) = self.behind.pop_front() else {
+                break;
+            };
+            match write.join() {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => failed = failed.and(Err(e)),
+                Err(_) => {
+                    let panicked = io::Error::other("a spill write-behind thread panicked");
+                    failed = failed.and(Err(panicked));
+                }
+            }
+        }
+        failed
+    }
+
+    /// Makes every byte appended so far readable from the file: waits for the writes
+    /// behind, then writes the partial last block padded with zeros (overwritten by
+    /// the next append, cut off by [`finish`](Self::finish)).
+    pub(crate) fn flush(&mut self, file: &File) -> io::Result<()> {
+        self.reap(true)?;
+        if self.tail.is_empty() {
+            return Ok(());
+        }
+        let mut scratch = take_buffer();
+        let padded = self.tail.len().div_ceil(BLOCK) * BLOCK;
+        let bytes = &mut scratch.get_mut()[..padded];
+        bytes[..self.tail.len()].copy_from_slice(&self.tail);
+        bytes[self.tail.len()..].fill(0);
+        let written = write_all_at(file, bytes, self.len - self.tail.len() as u64);
+        give_back(scratch);
+        written
+    }
+
+    /// Flushes, then cuts the file back to its logical end.
+    pub(crate) fn finish(&mut self, file: &File) -> io::Result<()> {
+        self.flush(file)?;
         file.set_len(self.len)
+    }
+}
+
+impl Drop for DirectTail {
+    /// Waits for the writes behind (no thread outlives its writer; the file they
+    /// write to is being deleted or was flushed).
+    fn drop(&mut self) {
+        let _ = self.reap(true);
     }
 }
 

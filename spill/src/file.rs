@@ -101,8 +101,12 @@ pub(crate) struct SharedFile {
 }
 
 pub(crate) struct SharedState {
-    // Field order matters: the file is closed before the guard deletes it.
-    pub(crate) file: File,
+    // Field order matters: the writes behind end, then the file is closed, before
+    // the guard deletes it.
+    /// The file's last partial block and writes in flight, when it is written with
+    /// direct I/O.
+    pub(crate) direct: Option<DirectTail>,
+    pub(crate) file: Arc<File>,
     pub(crate) guard: FileGuard,
     /// Bytes in the file: where the next message goes.
     pub(crate) len: u64,
@@ -111,8 +115,6 @@ pub(crate) struct SharedState {
     /// (The kind of the failure's error and its message: the writes refused after it
     /// carry its kind, so that they too say "the disk is full".)
     pub(crate) failed: Option<(std::io::ErrorKind, String)>,
-    /// The file's last partial block, when it is written with direct I/O.
-    pub(crate) direct: Option<DirectTail>,
 }
 
 impl SharedFile {
@@ -123,7 +125,7 @@ impl SharedFile {
             direct: guard.direct,
             state: Mutex::new(SharedState {
                 direct: guard.direct.then(DirectTail::default),
-                file,
+                file: Arc::new(file),
                 guard,
                 len: 0,
                 failed: None,

@@ -163,8 +163,8 @@ mod writer;
 
 pub use config::{ParseSpillOptionError, SpillCompression, SpillConfig, SpillReadMode};
 pub use direct::{
-    direct_io_bytes_per_thread, DEFAULT_DIRECT_READ_AHEAD, DIRECT_IO_BYTES_PER_THREAD,
-    MAX_DIRECT_READ_AHEAD,
+    direct_io_bytes_per_thread, DEFAULT_DIRECT_READ_AHEAD, DEFAULT_DIRECT_WRITES_BEHIND,
+    DIRECT_IO_BYTES_PER_THREAD, MAX_DIRECT_READ_AHEAD, MAX_DIRECT_WRITES_BEHIND,
 };
 pub use error::SpillError;
 #[cfg(feature = "fault-injection")]

@@ -47,18 +47,20 @@ use crate::manager::ManagerInner;
 
 /// Counts the bytes going to the file and reserves quota for them first.
 pub(crate) struct CountingWriter {
-    // Field order matters: the file is closed before the guard deletes it.
-    inner: File,
-    guard: FileGuard,
-    /// The file's last partial block, when it is written with direct I/O.
+    // Field order matters: the writes behind end, then the file is closed, before
+    // the guard deletes it.
+    /// The file's last partial block and writes in flight, when it is written with
+    /// direct I/O.
     direct: Option<DirectTail>,
+    inner: Arc<File>,
+    guard: FileGuard,
 }
 
 impl CountingWriter {
     pub(crate) fn new(inner: File, guard: FileGuard) -> Self {
         let direct = guard.direct().then(DirectTail::default);
         Self {
-            inner,
+            inner: Arc::new(inner),
             guard,
             direct,
         }
@@ -84,8 +86,10 @@ impl CountingWriter {
         // file, which the failed writer deletes when it is dropped.
         let (manager, path) = (self.guard.manager(), self.guard.path());
         let written = match self.direct.as_mut() {
-            Some(direct) => direct.append(&self.inner, buffers),
-            None => write_out(manager, path, &mut self.inner, buffers),
+            Some(direct) => {
+                direct.append(&self.inner, buffers, manager.config().direct_writes_behind)
+            }
+            None => write_out(manager, path, &self.inner, buffers),
         };
         written.map_err(|source| SpillError::Io {
             path: path.to_owned(),
@@ -101,7 +105,7 @@ impl CountingWriter {
             guard,
             direct,
         } = self;
-        if let Some(direct) = direct {
+        if let Some(mut direct) = direct {
             direct.finish(&inner).map_err(|source| SpillError::Io {
                 path: guard.path().to_owned(),
                 source,
@@ -163,11 +167,15 @@ impl SharedSink {
         ));
         let state_now = &mut *state;
         let written = match state_now.direct.as_mut() {
-            Some(direct) => direct.append(&state_now.file, buffers),
+            Some(direct) => direct.append(
+                &state_now.file,
+                buffers,
+                self.file.manager().config().direct_writes_behind,
+            ),
             None => write_out(
                 self.file.manager(),
                 self.file.path(),
-                &mut state_now.file,
+                &state_now.file,
                 buffers,
             ),
         };
@@ -188,6 +196,36 @@ impl SharedSink {
             _ => self.extents.push(Extent { offset, len: bytes }),
         }
         Ok(())
+    }
+}
+
+impl SharedSink {
+    /// Makes this writer's messages readable (a direct file holds back its partial
+    /// last block and writes in flight until then): its spill file is about to be.
+    fn flush(&self) -> Result<(), SpillError> {
+        let path = || self.file.path().to_owned();
+        let mut state = self.file.lock();
+        if let Some((kind, cause)) = &state.failed {
+            return Err(SpillError::Io {
+                path: path(),
+                source: io::Error::new(
+                    *kind,
+                    format!("an earlier write to this shared file failed: {cause}"),
+                ),
+            });
+        }
+        let state_now = &mut *state;
+        let Some(direct) = state_now.direct.as_mut() else {
+            return Ok(());
+        };
+        direct.flush(&state_now.file).map_err(|source| {
+            // What the writes in flight did to the file is not known.
+            state.failed = Some((source.kind(), source.to_string()));
+            SpillError::Io {
+                path: path(),
+                source,
+            }
+        })
     }
 }
 
@@ -232,11 +270,14 @@ impl Sink {
     fn into_storage(self) -> Result<Storage, SpillError> {
         Ok(match self {
             Self::Own(writer) => Storage::Whole(writer.into_guard()?),
-            Self::Shared(sink) => Storage::Shared {
-                file: sink.file,
-                extents: sink.extents.into(),
-                bytes: sink.bytes,
-            },
+            Self::Shared(sink) => {
+                sink.flush()?;
+                Storage::Shared {
+                    file: sink.file,
+                    extents: sink.extents.into(),
+                    bytes: sink.bytes,
+                }
+            }
         })
     }
 }
@@ -247,14 +288,14 @@ impl Sink {
 fn write_out(
     manager: &ManagerInner,
     path: &Path,
-    file: &mut File,
+    mut file: &File,
     buffers: &[Buffer],
 ) -> io::Result<()> {
     let write_all: fn(&mut dyn Write, &[Buffer]) -> io::Result<()> =
         |writer, buffers| write_all_vectored(writer, buffers);
     match &manager.config().faults {
-        Some(faults) => faults.write_message(path, file, buffers, write_all),
-        None => write_all_vectored(file, buffers),
+        Some(faults) => faults.write_message(path, &mut file, buffers, write_all),
+        None => write_all_vectored(&mut file, buffers),
     }
 }
 
@@ -262,8 +303,8 @@ fn write_out(
 /// feature `fault-injection`, nothing else).
 #[cfg(not(feature = "fault-injection"))]
 #[inline(always)]
-fn write_out(_: &ManagerInner, _: &Path, file: &mut File, buffers: &[Buffer]) -> io::Result<()> {
-    write_all_vectored(file, buffers)
+fn write_out(_: &ManagerInner, _: &Path, mut file: &File, buffers: &[Buffer]) -> io::Result<()> {
+    write_all_vectored(&mut file, buffers)
 }
 
 /// `Write::write_all_vectored`, which is not stable yet.

@@ -1,7 +1,10 @@
 //! Direct I/O (`SpillConfig::direct_io`): files written past the page cache read
 //! back identical, in files of their own and in shared files, whatever the sizes
 //! of the messages against the blocks and the writer's 1 MiB scratch; and a file
-//! of its own ends at its last message, not at the padded block.
+//! of its own ends at its last message, not at the padded block. Writes of many
+//! MiB go behind the writer (`DIRECT_WRITES_BEHIND`): a spill file reads back
+//! whole as soon as it is finished, also while other writers go on appending to
+//! its shared file, and a writer dropped with writes in flight leaves nothing.
 
 mod common;
 
@@ -18,20 +21,25 @@ use spilljoin_spill::{
 };
 
 fn direct_manager(compression: SpillCompression, mode: SpillReadMode) -> SpillManager {
-    direct_manager_reading_ahead(compression, mode, SpillConfig::default().direct_read_ahead)
+    let defaults = SpillConfig::default();
+    let depth = (defaults.direct_read_ahead, defaults.direct_writes_behind);
+    direct_manager_at_depth(compression, mode, depth)
 }
 
-fn direct_manager_reading_ahead(
+/// A direct manager whose readers read `read_ahead` runs ahead and whose threads
+/// keep `writes_behind` writes in flight.
+fn direct_manager_at_depth(
     compression: SpillCompression,
     mode: SpillReadMode,
-    read_ahead: usize,
+    (read_ahead, writes_behind): (usize, usize),
 ) -> SpillManager {
     SpillManager::new(
         SpillConfig::default()
             .with_compression(compression)
             .with_read_mode(mode)
             .with_direct_io(true)
-            .with_direct_read_ahead(read_ahead),
+            .with_direct_read_ahead(read_ahead)
+            .with_direct_writes_behind(writes_behind),
     )
     .unwrap()
 }
@@ -140,18 +148,70 @@ fn streams_sharing_a_file_read_back_apart() {
     }
 }
 
+/// Messages of several MiB, so that most of their blocks are written behind.
+fn large(start: i64) -> RecordBatch {
+    batch(start, 12_000, 400)
+}
+
+#[test]
+fn a_finished_file_reads_back_while_its_shared_file_grows() {
+    for mode in READ_MODES {
+        let m = direct_manager(SpillCompression::None, mode);
+        let group = m.create_group("behind", 1);
+        let mut first = group.create_writer(schema(), 0).unwrap();
+        let mut second = group.create_writer(schema(), 0).unwrap();
+        let (a, b) = (vec![large(0), batch(1, 3, 7)], vec![large(2), large(3)]);
+        first.write(&a[0]).unwrap();
+        second.write(&b[0]).unwrap();
+        first.write(&a[1]).unwrap();
+        // The first's last message ends in a partial block still held by the file.
+        let first = first.finish().unwrap();
+        assert_eq!(read_all(&first).unwrap(), a, "{mode}");
+        // The second's writes rewrite that block and go on past it.
+        second.write(&b[1]).unwrap();
+        assert_eq!(read_all(&first).unwrap(), a, "{mode}, after more writes");
+        let second = second.finish().unwrap();
+        assert_eq!(read_all(&second).unwrap(), b, "{mode}");
+        assert_eq!(read_all(&first).unwrap(), a, "{mode}, at the end");
+    }
+}
+
+#[test]
+fn writers_dropped_with_writes_in_flight_leave_nothing() {
+    let m = direct_manager(SpillCompression::None, SpillReadMode::Buffered);
+    let group = m.create_group("dropped", 1);
+    let mut own = m.create_writer(schema(), "own").unwrap();
+    let mut shared = group.create_writer(schema(), 0).unwrap();
+    for i in 0..3 {
+        own.write(&large(i)).unwrap();
+        shared.write(&large(i)).unwrap();
+    }
+    drop((own, shared, group));
+    assert_eq!(m.live_files(), 0);
+    assert_eq!(m.disk_used_bytes(), 0);
+    let left: Vec<_> = std::fs::read_dir(m.dir())
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .filter(|e| e.file_name() != spilljoin_spill::OWNER_FILE_NAME)
+        .collect();
+    assert!(left.is_empty(), "left behind: {left:?}");
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(24))]
 
     /// Random message sizes in random files, read with any read ahead (0 and past
-    /// the most are taken as 1 and the most): each stream reads back as written.
+    /// the most are taken as 1 and the most) and written with any number of writes
+    /// behind: each stream reads back as written.
     #[test]
     fn random_streams_round_trip(
         sizes in prop::collection::vec((0usize..3, 0usize..3_000, 0usize..600), 1..16),
         compression in prop::sample::select(COMPRESSIONS.to_vec()),
         read_ahead in 0usize..=spilljoin_spill::MAX_DIRECT_READ_AHEAD + 1,
+        writes_behind in 0usize..=spilljoin_spill::MAX_DIRECT_WRITES_BEHIND + 1,
     ) {
-        let m = direct_manager_reading_ahead(compression, SpillReadMode::Buffered, read_ahead);
+        let depth = (read_ahead, writes_behind);
+        let m = direct_manager_at_depth(compression, SpillReadMode::Buffered, depth);
         let group = m.create_group("random", 2);
         let mut writers: Vec<_> = (0..3)
             .map(|s| group.create_writer(schema(), s).unwrap())

@@ -155,10 +155,7 @@ impl Plan {
         let (join, direct_io, direct_io_in_pool) =
             build_with_direct_io(&mut builder, &request, (left_stats, right_stats), threads)?;
         let (schema, rename) = output_schema(&join, selected.as_deref(), &request);
-        let mut spill = spill_config(run);
-        spill.direct_io = direct_io.direct;
-        spill.direct_read_ahead = direct_io.depth.read_ahead;
-        spill.direct_writes_behind = direct_io.depth.writes_behind;
+        let spill = spill_config(run, &direct_io);
         Ok(Self {
             left_columns,
             right_columns,
@@ -504,11 +501,15 @@ fn output_schema(
 
 /// Where and how the join spills (`--spill-dir`, `--spill-compression`,
 /// `--max-spill-size`; direct I/O is decided with the plan).
-fn spill_config(run: &RunArgs) -> SpillConfig {
+/// The spill settings of `run`, with the direct I/O chosen for the join.
+fn spill_config(run: &RunArgs, direct_io: &direct_io::DirectIoChoice) -> SpillConfig {
     SpillConfig {
         root_dir: run.spill_dir.clone(),
         compression: run.spill_compression,
         disk_quota_bytes: run.max_spill_size,
+        direct_io: direct_io.direct,
+        direct_read_ahead: direct_io.depth.read_ahead,
+        direct_writes_behind: direct_io.depth.writes_behind,
         ..SpillConfig::default()
     }
 }

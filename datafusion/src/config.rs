@@ -127,7 +127,9 @@ prefixed_settings! {
         pub spill_compression: String, default = "lz4".to_owned()
         /// Write and read the joins' spill files with direct I/O (`O_DIRECT`, Linux),
         /// past the page cache (`SpillConfig::direct_io`). DataFusion's own spill
-        /// files stay buffered.
+        /// files stay buffered. Each thread then holds up to 7 MiB of direct I/O
+        /// buffers outside the pool (`spilljoin::spill::DIRECT_IO_BYTES_PER_THREAD`:
+        /// runs read ahead, writes in flight behind it).
         pub spill_direct_io: bool, default = false
         /// Spill this fraction (0 to 1) of the build partitions whatever the memory
         /// (tests: the spilling code runs on small inputs). 0 turns it off.

@@ -197,15 +197,18 @@ impl SharedSink {
         }
         Ok(())
     }
-}
 
-impl SharedSink {
     /// Makes this writer's messages readable (a direct file holds back its partial
     /// last block and writes in flight until then): its spill file is about to be.
     fn flush(&self) -> Result<(), SpillError> {
         let path = || self.file.path().to_owned();
         let mut state = self.file.lock();
-        if let Some((kind, cause)) = &state.failed {
+        let state_now = &mut *state;
+        let Some(direct) = state_now.direct.as_mut() else {
+            return Ok(());
+        };
+        // A failed write may have been one of this writer's, gone behind.
+        if let Some((kind, cause)) = &state_now.failed {
             return Err(SpillError::Io {
                 path: path(),
                 source: io::Error::new(
@@ -214,10 +217,6 @@ impl SharedSink {
                 ),
             });
         }
-        let state_now = &mut *state;
-        let Some(direct) = state_now.direct.as_mut() else {
-            return Ok(());
-        };
         direct.flush(&state_now.file).map_err(|source| {
             // What the writes in flight did to the file is not known.
             state.failed = Some((source.kind(), source.to_string()));

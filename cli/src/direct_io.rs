@@ -13,7 +13,9 @@
 
 use std::fmt;
 
-use spilljoin::spill::{DEFAULT_DIRECT_READ_AHEAD, DEFAULT_DIRECT_WRITES_BEHIND};
+use spilljoin::spill::{
+    DEFAULT_DIRECT_READ_AHEAD, DEFAULT_DIRECT_WRITES_BEHIND, MAX_DIRECT_WRITES_BEHIND,
+};
 use spilljoin::{InputStatistics, Side};
 
 use crate::progress::human_bytes;
@@ -180,11 +182,12 @@ pub const DEEP_READ_AHEAD: usize = 6;
 /// The depths tried, deepest first, where the limit has room for them
 /// ([`DEEP_SHARE`]); else [`SHALLOW`]. Writes behind come first: two a thread took
 /// SF10's every-column join at 25% to 0.91× the time, reading six runs ahead to
-/// 0.94× (BENCHMARKS.md, the choices table).
+/// 0.94×, and four writes behind against two to 0.93–0.96× (BENCHMARKS.md, the
+/// choices table).
 const DEPTHS: [Depth; 2] = [
     Depth {
         read_ahead: DEEP_READ_AHEAD,
-        writes_behind: DEFAULT_DIRECT_WRITES_BEHIND,
+        writes_behind: MAX_DIRECT_WRITES_BEHIND,
     },
     Depth {
         read_ahead: DEFAULT_DIRECT_READ_AHEAD,
@@ -308,7 +311,7 @@ mod tests {
         };
         let (shallow, deep) = (choice(true, SHALLOW), choice(true, DEPTHS[0]));
         assert_eq!(buffers_in_pool(&shallow, true, 2, GIB), 2 * (5 << 20));
-        assert_eq!(buffers_in_pool(&deep, true, 2, GIB), 2 * (10 << 20));
+        assert_eq!(buffers_in_pool(&deep, true, 2, GIB), 2 * (12 << 20));
         assert_eq!(buffers_in_pool(&shallow, true, 64, 64 << 20), 8 << 20);
         assert_eq!(buffers_in_pool(&choice(false, SHALLOW), true, 2, GIB), 0);
         assert_eq!(buffers_in_pool(&shallow, false, 2, GIB), 0);
@@ -318,11 +321,11 @@ mod tests {
     /// limit has room for their buffers, and only with direct I/O.
     #[test]
     fn depth_grows_with_room_in_the_limit() {
-        assert_eq!(depth(true, 2, 320 << 20), DEPTHS[0]);
-        assert_eq!(depth(true, 2, 319 << 20), DEPTHS[1]);
+        assert_eq!(depth(true, 2, 384 << 20), DEPTHS[0]);
+        assert_eq!(depth(true, 2, 383 << 20), DEPTHS[1]);
         assert_eq!(depth(true, 2, 224 << 20), DEPTHS[1]);
         assert_eq!(depth(true, 2, 223 << 20), SHALLOW);
-        assert_eq!(depth(true, 8, 320 << 20), SHALLOW);
+        assert_eq!(depth(true, 8, 384 << 20), SHALLOW);
         assert_eq!(depth(false, 2, GIB), SHALLOW);
         assert_eq!(DEPTHS[1].read_ahead, SHALLOW.read_ahead);
     }

@@ -743,10 +743,10 @@ fn spill_direct_io_is_auto_unless_asked_and_reported_with_its_reason() {
         let in_limit = json_number(&json, "direct_io_buffers_in_limit_bytes");
         assert_eq!(in_limit > 0.0, direct, "{flag:?}: {json}");
     }
-    // Direct readers read six runs ahead and threads keep two writes in flight
-    // where two threads' 10 MiB fit in a sixteenth of the limit; under 64 MiB
+    // Direct readers read six runs ahead and threads keep four writes in flight
+    // where two threads' 12 MiB fit in a sixteenth of the limit; under 64 MiB
     // readers read three ahead and writers wait for their writes.
-    for (limit, ahead, behind) in [("1GiB", 6.0, 2.0), ("64MiB", 3.0, 0.0)] {
+    for (limit, ahead, behind) in [("1GiB", 6.0, 4.0), ("64MiB", 3.0, 0.0)] {
         let metrics = f.path("ahead.json");
         let path = metrics.to_str().unwrap();
         let args = [

@@ -147,12 +147,15 @@ impl ResolvedFilter {
         let columns = self
             .columns
             .iter()
-            .map(|&(is_build, index)| {
-                if is_build {
-                    take(build.column(index), build_rows, None)
+            .zip(self.schema.fields())
+            .map(|(&(is_build, index), field)| {
+                let taken = if is_build {
+                    take(build.column(index), build_rows, None)?
                 } else {
-                    take(probe.column(index), probe_rows, None)
-                }
+                    take(probe.column(index), probe_rows, None)?
+                };
+                // (A build partition may be held in the spill files' form.)
+                spilljoin_spill::widen_column(&taken, field.data_type())
             })
             .collect::<Result<Vec<_>, _>>()?;
         let batch = RecordBatch::try_new(Arc::clone(&self.schema), columns)?;

@@ -179,7 +179,12 @@ impl OutputLayout {
                     }
                 };
                 Ok(match from {
-                    Some((column, indices)) => take(column, indices, None)?,
+                    // (A build partition held in the spill files' form is widened
+                    // back to the output's type: `build::collector::held_schema`.)
+                    Some((column, indices)) => spilljoin_spill::widen_column(
+                        &take(column, indices, None)?,
+                        field.data_type(),
+                    )?,
                     None => new_null_array(field.data_type(), num_rows),
                 })
             })

@@ -171,7 +171,7 @@ pub use error::SpillError;
 pub use fault::{FaultKind, FaultPlan};
 pub use file::SpillFile;
 pub use manager::{SpillGroup, SpillManager, SpillMetrics};
-pub use narrow::{file_schema, fits_i32, segment_schema, NARROWED_KEY};
+pub use narrow::{file_schema, fits_i32, segment_schema, widen_column, NARROWED_KEY};
 pub use owner::{
     find_stale_dirs, remove_stale_dirs, OwnerRecord, StaleDir, StaleDirCleanup, StaleDirFailure,
     OWNER_FILE_NAME,

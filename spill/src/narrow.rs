@@ -285,29 +285,38 @@ pub(crate) fn narrow(batch: &RecordBatch, segment: &SchemaRef) -> Result<RecordB
 /// Types that do not match (a bug, or a file altered behind our back).
 pub(crate) fn widen(batch: &RecordBatch, logical: &SchemaRef) -> Result<RecordBatch, ArrowError> {
     convert(batch, logical, |column, field| {
-        match (field.data_type(), column.data_type()) {
-            (DataType::Decimal128(p, s), DataType::Int64) => {
-                let ints = column.as_primitive::<Int64Type>();
-                let widened: Decimal128Array = ints.unary(i128::from);
-                Ok(Arc::new(widened.with_precision_and_scale(*p, *s)?))
-            }
-            (DataType::Decimal128(p, s), DataType::Int32) => {
-                let ints = column.as_primitive::<Int32Type>();
-                let widened: Decimal128Array = ints.unary(i128::from);
-                Ok(Arc::new(widened.with_precision_and_scale(*p, *s)?))
-            }
-            (DataType::Int64, DataType::Int32) => {
-                let ints = column.as_primitive::<Int32Type>();
-                let widened: Int64Array = ints.unary(i64::from);
-                Ok(Arc::new(widened))
-            }
-            (view @ DataType::Utf8View, DataType::Utf8)
-            | (view @ DataType::BinaryView, DataType::Binary) => {
-                crate::views::to_views(column, view)
-            }
-            _ => Ok(Arc::clone(column)),
-        }
+        widen_column(column, field.data_type())
     })
+}
+
+/// `column`, of a type a file stores (a narrowed decimal, a halved `Int64`, a view
+/// column's offsets), as `logical`: the type it was narrowed from. A column already
+/// of another type is returned as it is. Views made from offsets point into the
+/// column's data buffer, so the values are not copied again.
+///
+/// # Errors
+/// A decimal precision and scale that the values do not allow.
+pub fn widen_column(column: &ArrayRef, logical: &DataType) -> Result<ArrayRef, ArrowError> {
+    match (logical, column.data_type()) {
+        (DataType::Decimal128(p, s), DataType::Int64) => {
+            let ints = column.as_primitive::<Int64Type>();
+            let widened: Decimal128Array = ints.unary(i128::from);
+            Ok(Arc::new(widened.with_precision_and_scale(*p, *s)?))
+        }
+        (DataType::Decimal128(p, s), DataType::Int32) => {
+            let ints = column.as_primitive::<Int32Type>();
+            let widened: Decimal128Array = ints.unary(i128::from);
+            Ok(Arc::new(widened.with_precision_and_scale(*p, *s)?))
+        }
+        (DataType::Int64, DataType::Int32) => {
+            let ints = column.as_primitive::<Int32Type>();
+            let widened: Int64Array = ints.unary(i64::from);
+            Ok(Arc::new(widened))
+        }
+        (view @ DataType::Utf8View, DataType::Utf8)
+        | (view @ DataType::BinaryView, DataType::Binary) => crate::views::to_views(column, view),
+        _ => Ok(Arc::clone(column)),
+    }
 }
 
 /// `batch` in `schema`, each column passed through `column` with its field there.

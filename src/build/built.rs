@@ -15,7 +15,9 @@ use crate::table::ChainedTable;
 /// One partition of the build side, ready to probe.
 #[derive(Debug)]
 pub(crate) struct BuiltPartition {
-    /// The partition's rows.
+    /// The partition's rows, in the build's held schema: the input's types, or the
+    /// spill files' narrower ones where the level was expected to spill (which
+    /// whatever reads its columns widens back: `spilljoin_spill::widen_column`).
     pub batch: RecordBatch,
     /// Each row's key hash (none for word keys, which are compared directly).
     pub hashes: ScalarBuffer<u64>,

@@ -369,7 +369,7 @@ impl BuildCollector<'_> {
         Ok(match &mut **gathered {
             Some(g) => g,
             slot => {
-                let mut rows = GatherBuffer::new(Arc::clone(&self.spill_schema))?;
+                let mut rows = GatherBuffer::new(Arc::clone(&self.held_schema))?;
                 // One partition of a build whose rows are known: allocated
                 // once (until it spills, `spill_partition`).
                 if let Some(all) = self

@@ -30,9 +30,9 @@ pub(crate) struct PartitionBuffer {
     /// Buffered rows and their hashes (none for word keys; not yet written, if the
     /// partition is spilled).
     pub(super) fragments: Vec<(RecordBatch, Vec<u64>)>,
-    /// Buffered rows gathered in the spill schema (with the hash column where spill
-    /// files keep it), instead of fragments, when every column can be gathered
-    /// ([`gatherable`]: not nested).
+    /// Buffered rows gathered in the held schema ([`held_schema`]; with the hash
+    /// column where spill files keep it) or, once spilled, the file schema, instead of
+    /// fragments, when every column can be gathered ([`gatherable`]: not nested).
     /// Locked apart from the collector ([`Gathered`]), so that a worker copies rows in
     /// while others use the collector.
     pub(super) gathered: Gathered,
@@ -129,6 +129,9 @@ pub(crate) struct BuildCollector<'a> {
     /// ([`GatherBuffer::halving`]), since they are only ever written.
     pub(super) file_schema: SchemaRef,
     pub(super) file_differs: bool,
+    /// The schema in-memory partitions gather their rows in ([`held_schema`]): the
+    /// spill schema, or the file schema where the level is expected to spill.
+    pub(super) held_schema: SchemaRef,
     /// Per column of the file schema: `Int64`, so gathered as `Int32` when a batch's
     /// values fit.
     pub(super) halvable: Vec<bool>,
@@ -157,6 +160,7 @@ impl<'a> BuildCollector<'a> {
         let widths = fixed_widths(&ctx.plan.spill_schema(true));
         let blooms = BloomSizing::new(ctx.plan, &level, widths.as_deref());
         let bloom_reserve = BloomSizing::set_aside(blooms, &base);
+        let held_schema = held_schema(ctx.plan, &level, &file_schema);
         Self {
             ctx,
             level,
@@ -177,6 +181,7 @@ impl<'a> BuildCollector<'a> {
             file_differs: crate::gather::halvable(&file_schema).contains(&true)
                 || file_schema != ctx.plan.spill_schema(true),
             halvable: crate::gather::halvable(&file_schema),
+            held_schema,
             file_schema,
             word_bounds: Mutex::new(None),
             workers: AtomicUsize::new(0),
@@ -190,5 +195,36 @@ impl<'a> BuildCollector<'a> {
 
     pub(super) fn plan(&self) -> &JoinPlan {
         self.ctx.plan
+    }
+}
+
+/// The schema a level's in-memory partitions gather their rows in: the spill files'
+/// (decimals of at most 18 digits as `Int64`, view columns as offsets, none halved)
+/// where the level is expected to spill, else the spill schema.
+///
+/// A row of every TPC-H orders column takes 184 bytes gathered as Arrow and about
+/// 120 in the files' form (SF10), so a third more partitions stay in memory under
+/// the same limit: that much less of both inputs is written and read back. Output
+/// rows then widen what they take from those partitions (`OutputLayout::gather`),
+/// which a join that fits does not pay: it keeps the spill schema. Level 0 only,
+/// where the build's bytes are known beforehand (`JoinPlan::build_bytes_hint`), and
+/// only when every column gathers and no key column narrows, since keys are read
+/// from the rows as they are held.
+fn held_schema(plan: &JoinPlan, level: &Level, file_schema: &SchemaRef) -> SchemaRef {
+    let spill_schema = plan.spill_schema(true);
+    let limit = plan.pool.limit().bytes();
+    let spills = level.depth == 0
+        && limit != usize::MAX
+        && plan
+            .build_bytes_hint
+            .is_some_and(|bytes| bytes > limit as u64);
+    let keys_stay = plan.keys.build_columns.iter().all(|&k| {
+        spill_schema.fields().get(k).map(|f| f.data_type())
+            == file_schema.fields().get(k).map(|f| f.data_type())
+    });
+    if spills && keys_stay && gatherable(&spill_schema) {
+        Arc::clone(file_schema)
+    } else {
+        spill_schema
     }
 }

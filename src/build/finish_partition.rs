@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 
 use arrow_array::{ArrayRef, RecordBatch};
 use arrow_buffer::ScalarBuffer;
-use arrow_schema::DataType;
+use arrow_schema::{DataType, Schema};
 use arrow_select::concat::concat_batches;
 use spilljoin_memory::MemoryReservation;
 
@@ -121,7 +121,15 @@ fn gathered_rows(plan: &JoinPlan, mut gathered: GatherBuffer) -> Result<Partitio
         let hashes = hash_column(&batch)?.clone();
         let mut columns = batch.columns().to_vec();
         columns.pop();
-        let batch = RecordBatch::try_new(Arc::clone(&plan.build_schema), columns)?;
+        // The build's schema, or the held form's where the rows were gathered narrow
+        // (`held_schema`).
+        let fields = &batch.schema_ref().fields()[..columns.len()];
+        let schema = if fields == &plan.build_schema.fields()[..] {
+            Arc::clone(&plan.build_schema)
+        } else {
+            Arc::new(Schema::new(fields.to_vec()))
+        };
+        let batch = RecordBatch::try_new(schema, columns)?;
         (batch, hashes)
     } else {
         (batch, ScalarBuffer::from(Vec::new()))

@@ -126,17 +126,8 @@ fn join(left: &RecordBatch, right: &RecordBatch, run: Run) -> (Vec<String>, Join
             .map(|s| Ok::<_, ArrowError>(b.slice(s, 500.min(b.num_rows() - s))))
             .collect::<Vec<_>>()
     };
-    let mut stream = builder
-        .build()
-        .unwrap()
-        .execute(batches(left), batches(right))
-        .unwrap();
-    let output: Vec<RecordBatch> = stream.by_ref().collect::<Result<_, _>>().unwrap();
-    let metrics = stream.metrics();
-    drop(stream);
-    assert_eq!(pool.reserved(), 0, "reservations left");
-    assert_eq!(spill.live_files(), 0, "spill files left");
-    (rendered_rows(&output), metrics)
+    let join = builder.build().unwrap();
+    run_to_end(join, batches(left), batches(right), &pool, &spill)
 }
 
 /// The right side's bytes as Arrow holds them.

@@ -226,17 +226,8 @@ fn spilled_join_io(
             .map(Ok::<_, ArrowError>)
             .collect::<Vec<_>>()
     };
-    let mut stream = builder
-        .build()
-        .unwrap()
-        .execute(input(left), input(right))
-        .unwrap();
-    let output: Vec<RecordBatch> = stream.by_ref().collect::<Result<_, _>>().unwrap();
-    let metrics = stream.metrics();
-    drop(stream);
-    assert_eq!(pool.reserved(), 0, "reservations left");
-    assert_eq!(spill.live_files(), 0, "spill files left");
-    (rendered_rows(&output), metrics)
+    let join = builder.build().unwrap();
+    run_to_end(join, input(left), input(right), &pool, &spill)
 }
 
 /// The reference answer of `join_type` on the key columns, SQL equality.

@@ -202,9 +202,10 @@ impl<'a> BuildCollector<'a> {
 /// (decimals of at most 18 digits as `Int64`, view columns as offsets, none halved)
 /// where the level is expected to spill, else the spill schema.
 ///
-/// A row of every TPC-H orders column takes 184 bytes gathered as Arrow and about
-/// 120 in the files' form (SF10), so a third more partitions stay in memory under
-/// the same limit: that much less of both inputs is written and read back. Output
+/// A row of strings and decimals takes up to a third less memory held so (a view is
+/// 16 bytes, an offset 4; BENCHMARKS.md has the measured rows), so more partitions
+/// stay in memory under the same limit, and less of both inputs is written and read
+/// back. Output
 /// rows then widen what they take from those partitions (`OutputLayout::gather`),
 /// which a join that fits does not pay: it keeps the spill schema. Level 0 only,
 /// where the build's bytes are known beforehand (`JoinPlan::build_bytes_hint`), and

@@ -627,3 +627,22 @@ pub fn rng_for(case: u64) -> (u64, StdRng) {
 pub fn schema_of(batch: &RecordBatch) -> SchemaRef {
     batch.schema()
 }
+
+/// Runs `join` over `left` and `right` to the end and returns its output as sorted
+/// rendered rows ([`rendered_rows`]) and its metrics, having checked that it left
+/// nothing reserved in `pool` and no file in `spill`.
+pub fn run_to_end(
+    join: spilljoin::HashJoin,
+    left: Vec<Result<RecordBatch, arrow_schema::ArrowError>>,
+    right: Vec<Result<RecordBatch, arrow_schema::ArrowError>>,
+    pool: &Arc<dyn spilljoin::memory::MemoryPool>,
+    spill: &spilljoin::spill::SpillManager,
+) -> (Vec<String>, spilljoin::JoinMetrics) {
+    let mut stream = join.execute(left, right).unwrap();
+    let output: Vec<RecordBatch> = stream.by_ref().collect::<Result<_, _>>().unwrap();
+    let metrics = stream.metrics();
+    drop(stream);
+    assert_eq!(pool.reserved(), 0, "reservations left");
+    assert_eq!(spill.live_files(), 0, "spill files left");
+    (rendered_rows(&output), metrics)
+}

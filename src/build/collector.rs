@@ -205,17 +205,20 @@ impl<'a> BuildCollector<'a> {
 /// A row of strings and decimals takes up to a third less memory held so (a view is
 /// 16 bytes, an offset 4; BENCHMARKS.md has the measured rows), so more partitions
 /// stay in memory under the same limit, and less of both inputs is written and read
-/// back. Output
-/// rows then widen what they take from those partitions (`OutputLayout::gather`),
-/// which a join that fits does not pay: it keeps the spill schema. Level 0 only,
-/// where the build's bytes are known beforehand (`JoinPlan::build_bytes_hint`), and
-/// only when every column gathers and no key column narrows, since keys are read
-/// from the rows as they are held.
+/// back. Output rows then widen what they take from those partitions
+/// (`OutputLayout::gather`), which a join that fits does not pay: it keeps the spill
+/// schema. Level 0 only, where the build's bytes are known beforehand
+/// (`JoinPlan::build_bytes_hint`); limits under 2 GiB only; and only when every
+/// column gathers and no key column narrows, since keys are read from the rows as
+/// they are held.
 fn held_schema(plan: &JoinPlan, level: &Level, file_schema: &SchemaRef) -> SchemaRef {
     let spill_schema = plan.spill_schema(true);
     let limit = plan.pool.limit().bytes();
+    // (Under 2 GiB, since a held view column's offsets are 32-bit and a partition
+    // that stays in memory is one batch: its bytes are reserved, so within the limit.
+    // Views start a new data block where offsets would overflow.)
     let spills = level.depth == 0
-        && limit != usize::MAX
+        && limit <= i32::MAX as usize
         && plan
             .build_bytes_hint
             .is_some_and(|bytes| bytes > limit as u64);

@@ -53,15 +53,15 @@ fn side_of(rng: &mut StdRng, p: &str, text_key: bool, n: usize) -> RecordBatch {
     let mut binary = BinaryViewBuilder::new();
     for _ in 0..n {
         let len = rng.random_range(0..=12);
-        short.append_value(text(rng, len));
+        short.append_value(random_text(rng, len));
         if rng.random_bool(0.1) {
             long.append_null();
         } else {
             let len = rng.random_range(200..=600);
-            long.append_value(text(rng, len));
+            long.append_value(random_text(rng, len));
         }
         let len = rng.random_range(4..=40);
-        binary.append_value(text(rng, len).as_bytes());
+        binary.append_value(random_text(rng, len).as_bytes());
     }
     let price: Decimal128Array = (0..n)
         .map(|_| (!rng.random_bool(0.1)).then(|| rng.random_range(-99_999_999..99_999_999)))
@@ -77,13 +77,6 @@ fn side_of(rng: &mut StdRng, p: &str, text_key: bool, n: usize) -> RecordBatch {
         (format!("{p}price"), Arc::new(price) as ArrayRef),
     ])
     .unwrap()
-}
-
-/// A random string of `len` characters.
-fn text(rng: &mut StdRng, len: usize) -> String {
-    (0..len)
-        .map(|_| char::from(b'0' + rng.random_range(0..64u8)))
-        .collect()
 }
 
 /// How one join runs.

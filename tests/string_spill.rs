@@ -33,15 +33,6 @@ use spilljoin::{HashJoinBuilder, JoinMetrics, JoinType, NullEquality};
 /// Rows a side.
 const ROWS: usize = 4000;
 
-/// A random string of `len` characters from a 64-letter alphabet (so that it does
-/// not compress away whatever a spill file's encoding).
-fn text(rng: &mut StdRng, len: usize) -> String {
-    const ALPHABET: &[u8] = b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_";
-    (0..len)
-        .map(|_| ALPHABET[rng.random_range(0..ALPHABET.len())] as char)
-        .collect()
-}
-
 /// One side as one batch: key `{p}k` (nullable, duplicates), `{p}v` (the reference's
 /// filter column) and a payload column of every variable-width layout.
 fn side(rng: &mut StdRng, p: &str) -> RecordBatch {
@@ -58,37 +49,37 @@ fn side(rng: &mut StdRng, p: &str) -> RecordBatch {
             long.append_null();
         } else {
             let len = rng.random_range(40..=120);
-            long.append_value(text(rng, len));
+            long.append_value(random_text(rng, len));
         }
         let len = rng.random_range(0..=12);
-        short.append_value(text(rng, len));
+        short.append_value(random_text(rng, len));
         let len = rng.random_range(8..=60);
-        binary_view.append_value(text(rng, len).as_bytes());
+        binary_view.append_value(random_text(rng, len).as_bytes());
     }
     let utf8: StringArray = (0..n)
         .map(|_| {
             let len = rng.random_range(20..=80);
-            Some(text(rng, len))
+            Some(random_text(rng, len))
         })
         .collect();
     let large: LargeStringArray = (0..n)
         .map(|_| {
             (!rng.random_bool(0.2)).then(|| {
                 let len = rng.random_range(20..=80);
-                text(rng, len)
+                random_text(rng, len)
             })
         })
         .collect();
     let binary: BinaryArray = (0..n)
         .map(|_| {
             let len = rng.random_range(10..=60);
-            Some(text(rng, len).into_bytes())
+            Some(random_text(rng, len).into_bytes())
         })
         .collect();
     let words: Vec<String> = (0..50)
         .map(|_| {
             let len = rng.random_range(20..=40);
-            text(rng, len)
+            random_text(rng, len)
         })
         .collect();
     let dict: DictionaryArray<Int32Type> = (0..n)

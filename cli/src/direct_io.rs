@@ -180,10 +180,9 @@ pub fn buffer_bytes(threads: usize, depth: Depth) -> u64 {
 pub const DEEP_READ_AHEAD: usize = 6;
 
 /// The depths tried, deepest first, where the limit has room for them
-/// ([`DEEP_SHARE`]); else [`SHALLOW`]. Writes behind come first: two a thread took
-/// SF10's every-column join at 25% to 0.91× the time, reading six runs ahead to
-/// 0.94×, and four writes behind against two to 0.93–0.96× (BENCHMARKS.md, the
-/// choices table).
+/// ([`DEEP_SHARE`]); else [`SHALLOW`]. Writes behind come first: they gained more
+/// than reading further ahead did, and four more than two (BENCHMARKS.md, the
+/// choices table, has the paired ratios).
 const DEPTHS: [Depth; 2] = [
     Depth {
         read_ahead: DEEP_READ_AHEAD,

@@ -499,9 +499,8 @@ fn output_schema(
     }
 }
 
-/// Where and how the join spills (`--spill-dir`, `--spill-compression`,
-/// `--max-spill-size`; direct I/O is decided with the plan).
-/// The spill settings of `run`, with the direct I/O chosen for the join.
+/// Where and how the join spills: `--spill-dir`, `--spill-compression`,
+/// `--max-spill-size` from `run`, and the direct I/O chosen with the plan.
 fn spill_config(run: &RunArgs, direct_io: &direct_io::DirectIoChoice) -> SpillConfig {
     SpillConfig {
         root_dir: run.spill_dir.clone(),

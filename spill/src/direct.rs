@@ -183,8 +183,8 @@ pub(crate) fn open_for_reading(path: &Path, direct: bool) -> io::Result<File> {
 /// Direct writes a thread keeps in flight behind it by default
 /// ([`crate::SpillConfig::direct_writes_behind`]; [`DirectTail`]): each holds a
 /// buffer of [`TRANSFER_BYTES`] until the device has it. Two cover a probe
-/// message of a large spill (1.25 MiB on average at SF10); one a thread took that
-/// join to 0.92× the time, two to 0.91–0.95× (BENCHMARKS.md, the choices table).
+/// message of a large spill, which is a little over one transfer on average
+/// (BENCHMARKS.md, the choices table, has what one and two measured).
 pub const DEFAULT_DIRECT_WRITES_BEHIND: usize = 2;
 
 /// The most writes a thread keeps in flight behind it.

@@ -646,3 +646,12 @@ pub fn run_to_end(
     assert_eq!(spill.live_files(), 0, "spill files left");
     (rendered_rows(&output), metrics)
 }
+
+/// A random string of `len` characters from a 64-letter alphabet (so that it does
+/// not compress away whatever a spill file's encoding).
+pub fn random_text(rng: &mut StdRng, len: usize) -> String {
+    const ALPHABET: &[u8] = b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_";
+    (0..len)
+        .map(|_| ALPHABET[rng.random_range(0..ALPHABET.len())] as char)
+        .collect()
+}

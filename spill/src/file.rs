@@ -12,6 +12,7 @@ use crate::checksum::Written;
 use crate::direct::DirectTail;
 use crate::error::SpillError;
 use crate::manager::ManagerInner;
+use crate::parts::Segment;
 use crate::quota::QuotaDenied;
 use crate::reader::{SpillReader, Trust};
 
@@ -181,6 +182,8 @@ struct FileInner {
     batches: u64,
     /// Each write of the file, hashed (`checksum`): what its readers check.
     written: Arc<[Written]>,
+    /// Where each segment begins (`parts`).
+    segments: Arc<[Segment]>,
 }
 
 /// Where a spill file's bytes are.
@@ -227,7 +230,7 @@ impl SpillFile {
         storage: Storage,
         schema: SchemaRef,
         (rows, batches): (u64, u64),
-        written: Arc<[Written]>,
+        (written, segments): (Arc<[Written]>, Arc<[Segment]>),
     ) -> Self {
         Self {
             inner: Arc::new(FileInner {
@@ -236,6 +239,7 @@ impl SpillFile {
                 rows,
                 batches,
                 written,
+                segments,
             }),
         }
     }
@@ -286,14 +290,7 @@ impl SpillFile {
     /// [`SpillError::SchemaMismatch`] if it holds another schema than the one
     /// it was written with (something rewrote the file).
     pub fn reader(&self) -> Result<SpillReader, SpillError> {
-        let (config, extents, direct) = match &self.inner.storage {
-            Storage::Whole(guard) => (guard.manager().config(), None, guard.direct()),
-            Storage::Shared { file, extents, .. } => (
-                file.manager().config(),
-                Some(Arc::clone(extents)),
-                file.direct(),
-            ),
-        };
+        let (config, extents, direct) = self.read_setup();
         let reader = SpillReader::open(
             self.path(),
             extents,
@@ -305,5 +302,52 @@ impl SpillFile {
         #[cfg(feature = "fault-injection")]
         let reader = reader.with_faults(config.faults.clone());
         Ok(reader)
+    }
+
+    /// Opens up to `parts` readers over consecutive runs of the file's batches,
+    /// which between them yield every batch once (the first reader the first
+    /// batches), so that several threads read the file at once. A file of one
+    /// batch, or with a dictionary column (whose dictionaries any batch may
+    /// change), gets one reader. Each is a [`Self::reader`] in all else.
+    ///
+    /// # Errors
+    ///
+    /// As for [`Self::reader`].
+    pub fn readers(&self, parts: usize) -> Result<Vec<SpillReader>, SpillError> {
+        let (config, extents, direct) = self.read_setup();
+        let whole = [Extent {
+            offset: 0,
+            len: self.bytes(),
+        }];
+        let extents = extents.as_deref().unwrap_or(&whole);
+        let cut = match parts > 1 && crate::parts::splittable(&self.inner.schema) {
+            true => crate::parts::cut(extents, &self.inner.written, &self.inner.segments, parts),
+            false => None,
+        };
+        let Some(cut) = cut else {
+            return Ok(vec![self.reader()?]);
+        };
+        cut.into_iter()
+            .map(|part| {
+                let direct = direct.then_some(config.direct_read_ahead);
+                let reader = SpillReader::open_part(self, part, config.read_mode, direct)?;
+                #[cfg(feature = "fault-injection")]
+                let reader = reader.with_faults(config.faults.clone());
+                Ok(reader)
+            })
+            .collect()
+    }
+
+    /// How the file is read: its manager's configuration, its extents (none: all
+    /// of a file of its own) and whether it was written with direct I/O.
+    fn read_setup(&self) -> (&crate::SpillConfig, Option<Arc<[Extent]>>, bool) {
+        match &self.inner.storage {
+            Storage::Whole(guard) => (guard.manager().config(), None, guard.direct()),
+            Storage::Shared { file, extents, .. } => (
+                file.manager().config(),
+                Some(Arc::clone(extents)),
+                file.direct(),
+            ),
+        }
     }
 }

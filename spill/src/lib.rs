@@ -50,7 +50,9 @@
 //! truncated file is an error ([`SpillError::Corrupt`]) instead of fewer
 //! batches. A [`SpillFile`] keeps a checksum (xxh3) of each of its writes, and its
 //! readers check every byte they take against them before decoding: a byte
-//! changed on disk is [`SpillError::Corrupt`] too, not another value. See
+//! changed on disk is [`SpillError::Corrupt`] too, not another value. A file without
+//! dictionary columns can be read by several threads at once
+//! ([`SpillFile::readers`]), each a run of its batches. See
 //! [`SpillReader`] for the defences against garbled files, and [`SpillReadMode`]
 //! for the two ways of getting the bytes.
 //!
@@ -156,6 +158,7 @@ mod manager;
 mod message;
 mod narrow;
 mod owner;
+mod parts;
 mod quota;
 mod reader;
 mod views;

@@ -76,6 +76,8 @@ pub(crate) struct Buffered {
     index: usize,
     /// Checks every byte taken against the file's writes, when they are known.
     verifier: Option<Verifier>,
+    /// The bytes end after a write, not at the end-of-stream marker (`parts`).
+    open_ended: bool,
 }
 
 impl Buffered {
@@ -109,6 +111,7 @@ pub(crate) struct Mapped {
     remaining: u64,
     /// As in [`Buffered`].
     verifier: Option<Verifier>,
+    open_ended: bool,
 }
 
 /// Reads the extents of a file one after the other, with positioned reads.
@@ -184,13 +187,14 @@ impl MessageSource {
     /// Opens `path` for reading in `mode`: all of it, or only `extents` (which
     /// must lie inside the file), in order; in [`SpillReadMode::Buffered`] with
     /// direct I/O if `direct` gives the runs to read ahead (the file was written
-    /// so: `crate::direct`).
+    /// so: `crate::direct`). Bytes that are a part of a file (`crate::parts`) may
+    /// end after a message instead of at the end-of-stream marker (`open_ended`).
     pub(crate) fn open(
         path: &Path,
         extents: Option<Arc<[Extent]>>,
         mode: SpillReadMode,
         direct: Option<usize>,
-        written: Option<Arc<[Written]>>,
+        (written, open_ended): (Option<Arc<[Written]>>, bool),
     ) -> Result<Self, FrameError> {
         let verifier = written.map(Verifier::new);
         // (Runs read ahead, where the file is read with direct I/O.)
@@ -224,6 +228,7 @@ impl MessageSource {
                     .collect(),
                 index: 0,
                 verifier,
+                open_ended,
                 reader: BufReader::with_capacity(
                     READ_BUFFER_BYTES,
                     ExtentReader {
@@ -237,7 +242,7 @@ impl MessageSource {
                 remaining: total,
             })),
             SpillReadMode::Mmap => Ok(Self::Mapped(
-                Mapped::new(map, extents, total, verifier).map_err(FrameError::Io)?,
+                Mapped::new(map, extents, total, (verifier, open_ended)).map_err(FrameError::Io)?,
             )),
         }
     }
@@ -292,6 +297,9 @@ impl MessageSource {
     /// `None` for the end-of-stream marker.
     fn read_prefix(&mut self) -> Result<Option<usize>, FrameError> {
         if self.remaining() == 0 {
+            if self.open_ended() {
+                return Ok(None);
+            }
             return Err(FrameError::Corrupt(
                 "file ends without the end-of-stream marker".to_owned(),
             ));
@@ -372,6 +380,13 @@ impl MessageSource {
         verifier.as_ref().is_some_and(Verifier::inside_write)
     }
 
+    fn open_ended(&self) -> bool {
+        match self {
+            Self::Buffered(b) => b.open_ended,
+            Self::Mapped(m) => m.open_ended,
+        }
+    }
+
     fn remaining(&self) -> u64 {
         match self {
             Self::Buffered(b) => b.remaining,
@@ -386,7 +401,7 @@ impl Mapped {
         map: Option<memmap2::Mmap>,
         extents: Arc<[Extent]>,
         total: u64,
-        verifier: Option<Verifier>,
+        (verifier, open_ended): (Option<Verifier>, bool),
     ) -> io::Result<Self> {
         let first = extents
             .first()
@@ -402,6 +417,7 @@ impl Mapped {
             end,
             remaining: total,
             verifier,
+            open_ended,
         })
     }
 
@@ -540,13 +556,13 @@ mod tests {
         let len = file.bytes();
         for mode in [SpillReadMode::Buffered, SpillReadMode::Mmap] {
             let open = |extents: Vec<Extent>| {
-                MessageSource::open(file.path(), Some(extents.into()), mode, None, None)
+                MessageSource::open(file.path(), Some(extents.into()), mode, None, (None, false))
                     .map_err(|_| "open failed".to_owned())
                     .and_then(count)
             };
             // Schema, two batches: the same as one extent, or cut at message ends.
             assert_eq!(open(vec![Extent { offset: 0, len }]), Ok(3), "{mode}");
-            let whole = MessageSource::open(file.path(), None, mode, None, None)
+            let whole = MessageSource::open(file.path(), None, mode, None, (None, false))
                 .map_err(|_| "open failed".to_owned())
                 .and_then(count);
             assert_eq!(whole, Ok(3), "{mode}");

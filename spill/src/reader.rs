@@ -60,6 +60,7 @@ use crate::config::SpillReadMode;
 use crate::error::SpillError;
 use crate::file::{Extent, SpillFile};
 use crate::message::{FrameError, MessageSource, RawMessage};
+use crate::parts::Part;
 
 /// The most decompressed bytes one message of a file *not* written by this
 /// process may declare. arrow allocates the declared size of each
@@ -206,9 +207,57 @@ impl SpillReader {
             Trust::WrittenByUs(file) => Some(file.written()),
             Trust::Foreign => None,
         };
-        let mut source = MessageSource::open(path, extents, mode, direct, written)
+        let mut source = MessageSource::open(path, extents, mode, direct, (written, false))
             .map_err(|e| frame_error(path, 0, e))?;
-        let (file_schema, found) = read_schemas(&mut source, path)?;
+        let schemas = read_schemas(&mut source, path)?;
+        Self::over(path, source, schemas, expected_schema, trust)
+    }
+
+    /// Opens one part of our own `file` (`crate::parts`), read with `mode` (and
+    /// `direct` as in [`Self::open`]).
+    pub(crate) fn open_part(
+        file: &SpillFile,
+        part: Part,
+        mode: SpillReadMode,
+        direct: Option<usize>,
+    ) -> Result<Self, SpillError> {
+        let path = file.path();
+        let mut source = MessageSource::open(
+            path,
+            Some(part.extents),
+            mode,
+            direct,
+            (Some(part.written), part.open_ended),
+        )
+        .map_err(|e| frame_error(path, part.first_batch, e))?;
+        let schemas = match part.segment {
+            None => read_schemas(&mut source, path)?,
+            Some(segment) => {
+                let logical = crate::narrow::logical_schema(&segment).map_err(|source| {
+                    SpillError::Corrupt {
+                        path: path.to_owned(),
+                        batch_index: part.first_batch,
+                        source,
+                    }
+                })?;
+                (segment, logical)
+            }
+        };
+        let trust = Trust::WrittenByUs(file.clone());
+        let mut reader = Self::over(path, source, schemas, Some(file.schema()), trust)?;
+        reader.batches_read = part.first_batch;
+        Ok(reader)
+    }
+
+    /// A reader of `source`, whose current segment is stored in `file_schema` and
+    /// read back in `found`, checked against `expected_schema`.
+    fn over(
+        path: &Path,
+        source: MessageSource,
+        (file_schema, found): (SchemaRef, SchemaRef),
+        expected_schema: Option<SchemaRef>,
+        trust: Trust,
+    ) -> Result<Self, SpillError> {
         let narrowed = !std::sync::Arc::ptr_eq(&found, &file_schema);
         let schema = match expected_schema {
             Some(expected) if *expected != *found => {

@@ -44,6 +44,7 @@ use crate::direct::DirectTail;
 use crate::error::SpillError;
 use crate::file::{Extent, FileGuard, SharedFile, SpillFile, Storage};
 use crate::manager::ManagerInner;
+use crate::parts::Segment;
 
 /// Counts the bytes going to the file and reserves quota for them first.
 pub(crate) struct CountingWriter {
@@ -369,8 +370,9 @@ pub struct SpillWriter {
     rows: u64,
     batches: u64,
     failed: bool,
-    /// Each write so far, hashed (`checksum`).
+    /// Each write so far, hashed (`checksum`), and where each segment begins.
     written: Vec<Written>,
+    segments: Vec<Segment>,
 }
 
 impl std::fmt::Debug for SpillWriter {
@@ -418,6 +420,7 @@ impl SpillWriter {
             batches: 0,
             failed: false,
             written: Vec::new(),
+            segments: Vec::new(),
         })
     }
 
@@ -605,6 +608,10 @@ impl SpillWriter {
             )?,
         );
         self.halved = halved;
+        self.segments.push(Segment {
+            first_write: self.written.len(),
+            schema: Arc::clone(&segment_schema),
+        });
         self.segment_is_schema =
             Arc::ptr_eq(&segment_schema, &self.schema) || segment_schema == self.schema;
         self.segment_schema = segment_schema;
@@ -711,6 +718,7 @@ impl SpillWriter {
             rows,
             batches,
             mut written,
+            segments,
             ..
         } = self;
         // A file without batches is its wide schema alone.
@@ -727,7 +735,7 @@ impl SpillWriter {
             storage,
             schema,
             (rows, batches),
-            written.into(),
+            (written.into(), segments.into()),
         ))
     }
 

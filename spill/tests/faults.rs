@@ -176,6 +176,45 @@ fn a_changed_byte_is_found_by_its_writes_checksum() {
     }
 }
 
+/// A changed byte in one part of a file read in parts fails only that part's
+/// reader, at the batch of the whole file where it is; the other parts read whole.
+/// (Three parts of six batches: 0-1, 2-3, 4-5; batch 4 changed, so 5 is not read.)
+#[test]
+fn a_changed_byte_fails_only_the_part_it_is_in() {
+    for mode in [SpillReadMode::Buffered, SpillReadMode::Mmap] {
+        let faults = FaultPlan::new().flip_byte("parts", 5);
+        let m = manager(&faults, mode);
+        let file = written(m.create_writer(schema(), "parts").unwrap(), 6);
+        assert_eq!(faults.fired(), 1);
+        let mut errors = Vec::new();
+        let mut batches = 0;
+        let readers = file.readers(3).unwrap();
+        assert_eq!(readers.len(), 3);
+        for reader in readers {
+            for result in reader {
+                match result {
+                    Ok(_) => batches += 1,
+                    Err(e) => errors.push(e),
+                }
+            }
+        }
+        assert_eq!(batches, 4, "{mode}");
+        match &errors[..] {
+            [SpillError::Corrupt {
+                source,
+                batch_index,
+                ..
+            }] => {
+                assert!(source.to_string().contains("checksum mismatch"), "{mode}");
+                assert_eq!(*batch_index, 4, "{mode}");
+            }
+            other => panic!("{mode}: {other:?}"),
+        }
+        drop(file);
+        assert_clean(&m);
+    }
+}
+
 #[test]
 fn a_read_cut_short_is_corrupt_in_files_of_their_own_and_shared_ones() {
     for mode in [SpillReadMode::Buffered, SpillReadMode::Mmap] {

@@ -286,6 +286,21 @@ fn release_level(built: BuiltSide) -> Vec<(usize, SpillFile)> {
     spilled
 }
 
+/// A spill file as up to `streams` input streams over consecutive runs of its
+/// batches ([`SpillFile::readers`]), so that as many workers read and decode it at
+/// once: one stream kept a spilled pair's build on one thread, most of it reading
+/// the file, while the others waited on the stream's lock.
+pub(super) fn file_inputs(
+    file: &SpillFile,
+    streams: usize,
+) -> Result<Vec<impl Iterator<Item = Result<RecordBatch, ArrowError>> + Send>> {
+    Ok(file
+        .readers(streams)?
+        .into_iter()
+        .map(|reader| reader.map(|r| r.map_err(|e| ArrowError::ExternalError(Box::new(e)))))
+        .collect())
+}
+
 /// A spill file as an input stream.
 pub(super) fn file_input(
     file: &SpillFile,

@@ -18,7 +18,7 @@ use spilljoin_memory::{
 use spilljoin_spill::{SpillCompression, SpillFile};
 
 use super::fallback::fallback;
-use super::level::{file_input, run_level};
+use super::level::{file_inputs, run_level};
 use crate::batches::{lock, run_workers};
 use crate::context::{Ctx, Facts, Level};
 use crate::error::{JoinError, Result};
@@ -239,12 +239,13 @@ pub(super) fn join_pair(
                 key_bounds: false,
                 build_rows: Some(build_file.rows()),
             };
-            let probe_inputs = probe_file
-                .map(file_input)
-                .transpose()?
-                .into_iter()
-                .collect();
-            run_level(ctx, sub, vec![file_input(build_file)?], probe_inputs, facts)?;
+            let streams = ctx.plan.threads;
+            let probe_inputs = match probe_file {
+                Some(file) => file_inputs(file, streams)?,
+                None => Vec::new(),
+            };
+            let build_inputs = file_inputs(build_file, streams)?;
+            run_level(ctx, sub, build_inputs, probe_inputs, facts)?;
             Ok(())
         }
         _ => fallback(ctx, level, level_rows, build_file, probe_file, facts),

@@ -149,6 +149,13 @@ prefixed_settings! {
         /// than it saves (TPC-H SF1 Q5, Q7 and Q9 under 16 MiB took longer with
         /// every such join replaced). 0 replaces them all.
         pub prepared_collect_left_min_bytes: usize, default = 1 << 20
+        /// Plan a hash join DataFusion would partition by its keys as `CollectLeft`
+        /// (before `EnsureRequirements`, [`crate::CollectLeftRule`]): one join
+        /// execution on `target_partitions` threads, which partitions and spills by
+        /// itself, instead of a `RepartitionExec` of both inputs by key (which spills
+        /// them once more under a limit) and one execution per partition. Not with
+        /// `distributed`, whose tasks need the partitions.
+        pub collect_left: bool, default = true
         /// Worker threads of each join execution. 0: one per partition of a
         /// `Partitioned` join (DataFusion runs the partitions side by side), and
         /// `target_partitions` for a `CollectLeft` join, which runs once for all of

@@ -5,8 +5,10 @@
 //!   (every join type, null equality, `NOT IN`, the residual filter, the projection,
 //!   `CollectLeft` and `Partitioned`) with spilljoin's hybrid hash join, reporting
 //!   the same plan properties and statistics.
-//! - [`SpilljoinRule`]: the `PhysicalOptimizerRule` that swaps it in, and
-//!   [`with_spilljoin`], which installs the rule and the settings on a
+//! - [`SpilljoinRule`]: the `PhysicalOptimizerRule` that swaps it in;
+//!   [`CollectLeftRule`], which plans the joins DataFusion would partition by key as
+//!   `CollectLeft` (one execution that partitions and spills by itself); and
+//!   [`with_spilljoin`], which installs both and the settings on a
 //!   `SessionStateBuilder`.
 //! - [`DataFusionPool`]: one memory budget for the whole query. The join reserves
 //!   from the `TaskContext`'s DataFusion pool as a consumer that can spill, so sorts,
@@ -44,4 +46,4 @@ pub use codec::SpilljoinCodec;
 pub use config::{with_spilljoin_config, SpilljoinConfig};
 pub use exec::SpilljoinExec;
 pub use memory::DataFusionPool;
-pub use rule::{physical_optimizer_rules, with_spilljoin, SpilljoinRule};
+pub use rule::{physical_optimizer_rules, with_spilljoin, CollectLeftRule, SpilljoinRule};

@@ -14,7 +14,7 @@ use datafusion::execution::memory_pool::{
 };
 use datafusion::execution::runtime_env::RuntimeEnvBuilder;
 use datafusion::execution::session_state::SessionStateBuilder;
-use datafusion::physical_plan::{collect, ExecutionPlan};
+use datafusion::physical_plan::{collect, ExecutionPlan, ExecutionPlanProperties};
 use datafusion::prelude::{SessionConfig, SessionContext};
 use futures::StreamExt;
 use spilljoin_datafusion::SpilljoinExec;
@@ -70,6 +70,17 @@ async fn session(rule: bool, pool: Arc<dyn MemoryPool>, dir: &Path, force: bool)
         ctx.sql(sql).await.unwrap().collect().await.unwrap();
     }
     Session { ctx, pool }
+}
+
+/// Sessions with the rule: with no limit, forced to spill, and in a fair pool of
+/// `pool_bytes` (labelled "pool").
+async fn three_sessions(dir: &Path, pool_bytes: usize) -> [(&'static str, Session); 3] {
+    let pool = Arc::new(FairSpillPool::new(pool_bytes));
+    [
+        ("no limit", session(true, unbounded(), dir, false).await),
+        ("forced spill", session(true, unbounded(), dir, true).await),
+        ("small pool", session(true, pool, dir, false).await),
+    ]
 }
 
 fn unbounded() -> Arc<dyn MemoryPool> {
@@ -182,13 +193,7 @@ async fn dropping_the_stream_frees_memory_and_files_at_once() {
         ("Partitioned", 1, join),
     ] {
         if mode == "Partitioned" && round == 0 {
-            for setting in [
-                "hash_join_single_partition_threshold",
-                "hash_join_single_partition_threshold_rows",
-            ] {
-                let set = format!("SET datafusion.optimizer.{setting} = 0");
-                s.ctx.sql(&set).await.unwrap().collect().await.unwrap();
-            }
+            partitioned_by_key(&s.ctx, false).await;
         }
         let plan = plan(&s, sql).await;
         let join = find_join(&plan).expect("a SpilljoinExec");
@@ -241,6 +246,81 @@ async fn dropping_the_stream_frees_memory_and_files_at_once() {
         }
         assert_eq!(s.pool.reserved(), 0, "{}", tracked.report_top(8));
     }
+}
+
+/// Makes DataFusion's `JoinSelection` partition every join by key, and says whether
+/// `CollectLeftRule` then plans them as `CollectLeft` (`collect_left`).
+async fn partitioned_by_key(ctx: &SessionContext, collect_left: bool) {
+    for set in [
+        "SET datafusion.optimizer.hash_join_single_partition_threshold = 0".to_owned(),
+        "SET datafusion.optimizer.hash_join_single_partition_threshold_rows = 0".to_owned(),
+        format!("SET spilljoin.collect_left = {collect_left}"),
+    ] {
+        ctx.sql(&set).await.unwrap().collect().await.unwrap();
+    }
+}
+
+/// Joins DataFusion partitions by key run as one `CollectLeft` execution each
+/// (`spilljoin.collect_left`): no `RepartitionExec` hashes their inputs, and every
+/// join type answers as stock DataFusion's partitioned hash join does, with no limit,
+/// forced to spill, and in a pool small enough that the builds spill; with the
+/// setting off they stay `Partitioned`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn joins_partitioned_by_key_run_as_one_collect_left_execution() {
+    let dir = tempfile::tempdir().unwrap();
+    let queries = [
+        TWO_JOINS,
+        "SELECT a.k, a.s, b.w FROM a LEFT JOIN b ON a.k = b.k AND a.v > b.w",
+        "SELECT a.v, b.w FROM a RIGHT JOIN b ON a.k = b.k WHERE b.w % 7 = 0",
+        "SELECT b.k, count(*), count(a.v) FROM a FULL JOIN b ON a.k = b.k GROUP BY b.k",
+        "SELECT * FROM b WHERE EXISTS (SELECT 1 FROM a WHERE a.k = b.k AND a.v > b.w)",
+        "SELECT * FROM b WHERE NOT EXISTS (SELECT 1 FROM a WHERE a.k = b.k)",
+        "SELECT * FROM a WHERE NOT EXISTS (SELECT 1 FROM b WHERE a.k = b.k AND b.w < 1000)",
+        "SELECT * FROM b WHERE k NOT IN (SELECT k FROM a WHERE v > 500)",
+    ];
+    let stock = session(false, unbounded(), dir.path(), false).await;
+    partitioned_by_key(&stock.ctx, false).await;
+    let sessions = three_sessions(dir.path(), 2 << 20).await;
+    for (label, s) in &sessions {
+        partitioned_by_key(&s.ctx, true).await;
+        for sql in queries {
+            let expected = query_rows(&stock, sql).await;
+            assert!(!expected.is_empty(), "{sql}");
+            let plan = plan(s, sql).await;
+            let shown = datafusion::physical_plan::displayable(plan.as_ref())
+                .indent(true)
+                .to_string();
+            assert!(
+                count_nodes(&plan, "SpilljoinExec") > 0,
+                "{label} {sql}:\n{shown}"
+            );
+            let joins = spilling_joins(&plan);
+            assert!(
+                joins.iter().all(|j| {
+                    j.hash_join().mode
+                        == datafusion::physical_plan::joins::PartitionMode::CollectLeft
+                        && j.children().iter().all(|c| {
+                            c.name() != "RepartitionExec"
+                                || !matches!(
+                                    c.output_partitioning(),
+                                    datafusion::physical_plan::Partitioning::Hash(..)
+                                )
+                        })
+                }),
+                "{label} {sql}:\n{shown}"
+            );
+            assert_eq!(query_rows(s, sql).await, expected, "{label} {sql}");
+            assert_eq!(s.pool.reserved(), 0, "{label} {sql}");
+        }
+    }
+    let (_, s) = &sessions[0];
+    partitioned_by_key(&s.ctx, false).await;
+    let plan = plan(s, TWO_JOINS).await;
+    let joins = spilling_joins(&plan);
+    assert_eq!(joins.len(), 2);
+    assert!(joins.iter().all(
+        |j| j.hash_join().mode == datafusion::physical_plan::joins::PartitionMode::Partitioned
+    ));
 }
 
 /// Every `SpilljoinExec` in `plan`.
@@ -454,26 +534,7 @@ async fn collect_left_keeps_the_probe_partitioning() {
     };
     let stock = session(false, unbounded(), dir.path(), false).await;
     collect_left(&stock).await;
-    let sessions = [
-        (
-            "no limit",
-            session(true, unbounded(), dir.path(), false).await,
-        ),
-        (
-            "forced spill",
-            session(true, unbounded(), dir.path(), true).await,
-        ),
-        (
-            "512 KiB pool",
-            session(
-                true,
-                Arc::new(FairSpillPool::new(512 << 10)),
-                dir.path(),
-                false,
-            )
-            .await,
-        ),
-    ];
+    let sessions = three_sessions(dir.path(), 512 << 10).await;
     let mut join_types = std::collections::BTreeSet::new();
     let mut spilled_in_pool = false;
     for (label, s) in &sessions {

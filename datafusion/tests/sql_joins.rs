@@ -10,7 +10,9 @@
 //!   joins); with the small and with the big table outside, so that DataFusion's
 //!   join selection plans both orientations (`LeftSemi` and `RightSemi`, ...);
 //! - each in both partition modes (`CollectLeft`, forced by high single-partition
-//!   thresholds, and `Partitioned`, by thresholds of 0), with and without forced
+//!   thresholds, and `Partitioned`, by thresholds of 0 and `spilljoin.collect_left`
+//!   off; with it on, as by default, those joins are planned `CollectLeft` by
+//!   `CollectLeftRule`, a third mode), with and without forced
 //!   spilling; each run checks that the plan that ran has `SpilljoinExec`s of the
 //!   expected join type and mode and no `HashJoinExec`;
 //! - empty inputs on either side; `SET spilljoin.enabled = false`.
@@ -268,19 +270,25 @@ fn tables() -> Vec<Table> {
 }
 
 /// A partition mode and the settings that make DataFusion plan it.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 enum Mode {
     CollectLeft,
+    /// Partitioned by DataFusion, and kept so (`spilljoin.collect_left = false`).
     Partitioned,
+    /// Partitioned by DataFusion, and planned `CollectLeft` by `CollectLeftRule`
+    /// (but where the plan is for a distributed engine).
+    PartitionedToCollectLeft,
 }
 
 impl Mode {
     fn setup(self, setup: Setup) -> Setup {
         let threshold = match self {
             Mode::CollectLeft => "1000000000000",
-            Mode::Partitioned => "0",
+            Mode::Partitioned | Mode::PartitionedToCollectLeft => "0",
         };
+        let collect_left = self != Mode::Partitioned;
         setup
+            .set("spilljoin.collect_left", &collect_left.to_string())
             .set(
                 "datafusion.optimizer.hash_join_single_partition_threshold",
                 threshold,
@@ -293,8 +301,17 @@ impl Mode {
 
     fn shown(self) -> &'static str {
         match self {
-            Mode::CollectLeft => "mode=CollectLeft",
+            Mode::CollectLeft | Mode::PartitionedToCollectLeft => "mode=CollectLeft",
             Mode::Partitioned => "mode=Partitioned",
+        }
+    }
+
+    /// The mode a plan for a distributed engine has: `CollectLeftRule` keeps
+    /// DataFusion's.
+    fn distributed(self) -> Mode {
+        match self {
+            Mode::PartitionedToCollectLeft => Mode::Partitioned,
+            other => other,
         }
     }
 }
@@ -379,7 +396,11 @@ async fn all_cases(mode: Mode) -> BTreeSet<String> {
                     for line in &got.joins.spilljoin {
                         join_types.extend(join_type_of(line));
                     }
-                    for why in check(case, mode, &want, &got) {
+                    let planned = match label.starts_with("distributed") {
+                        true => mode.distributed(),
+                        false => mode,
+                    };
+                    for why in check(case, planned, &want, &got) {
                         wrong.push(format!("{} ({mode:?}, {label}): {why}", case.name));
                     }
                     let per_outer = |line: &&String| line.contains("per outer partition");
@@ -431,6 +452,15 @@ async fn every_join_type_partitioned() {
     let seen = all_cases(Mode::Partitioned).await;
     let all: BTreeSet<String> = ALL_JOIN_TYPES.iter().map(|t| t.to_string()).collect();
     assert_eq!(seen, all, "join types planned in Partitioned mode");
+}
+
+/// Joins DataFusion partitions by key, planned `CollectLeft` by `CollectLeftRule`:
+/// every join type answers as stock's partitioned hash join.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_join_type_partitioned_by_datafusion_runs_collect_left() {
+    let seen = all_cases(Mode::PartitionedToCollectLeft).await;
+    let all: BTreeSet<String> = ALL_JOIN_TYPES.iter().map(|t| t.to_string()).collect();
+    assert_eq!(seen, all, "join types planned Partitioned, run CollectLeft");
 }
 
 /// Mark joins show as such in `EXPLAIN`, in both orientations.

@@ -107,8 +107,8 @@ impl PhysicalOptimizerRule for SpilljoinRule {
 /// inputs a `RepartitionExec` first hashed by key, which under a limit spills both
 /// inputs on its own before the joins spill them again; the engine partitions by the
 /// same hash itself, so one execution on every thread does that work once
-/// (DataFusion's join of two 20M-row tables under 300 MB: 9.7 s against 6.9 s,
-/// `BENCHMARKS.md`). Joins with an output ordering keep their mode: the engine does
+/// (DataFusion's own failing workload, "SQL through DataFusion" in `BENCHMARKS.md`).
+/// Joins with an output ordering keep their mode: the engine does
 /// not keep it, so [`SpilljoinRule`] leaves them to `HashJoinExec`, which should not
 /// then have to hold a whole build.
 #[derive(Debug, Default, Clone, Copy)]

@@ -29,7 +29,7 @@ use datafusion::execution::SendableRecordBatchStream;
 use futures::future::{select, Either};
 use futures::StreamExt;
 use spilljoin::{CancelHandle, HashJoin, JoinMetrics, PreparedBuild};
-use tokio::sync::{mpsc, watch, Mutex};
+use tokio::sync::{mpsc, oneshot, watch, Mutex};
 
 use crate::error::to_datafusion;
 use crate::metrics::Report;
@@ -243,10 +243,17 @@ fn pump(mut stream: spilljoin::JoinStream, join: HashJoin, output: Output, compl
 pub(crate) struct BlockingInput {
     batches: mpsc::Receiver<Result<RecordBatch>>,
     stopped: watch::Receiver<bool>,
+    /// Tells the task to start polling, at the first read.
+    start: Option<oneshot::Sender<()>>,
     done: bool,
 }
 
 /// Spawns the task that forwards `stream`'s batches, and returns its reading end.
+/// The task polls `stream` only once the engine first asks for a batch: a probe
+/// input polled from the start held a batch and its scan's fetched column chunks
+/// (tens of MiB a stream, outside the pool) through the whole build, as
+/// DataFusion's own hash join, which polls its probe only after its build, does not
+/// (BENCHMARKS.md, "SQL through DataFusion").
 pub(crate) fn forward(
     mut stream: SendableRecordBatchStream,
     stopped: watch::Receiver<bool>,
@@ -254,7 +261,12 @@ pub(crate) fn forward(
     // One batch ahead: the engine reserves what it keeps, and this bounds what it
     // does not yet hold to one batch per input stream.
     let (sender, batches) = mpsc::channel(1);
+    let (start, started) = oneshot::channel::<()>();
     let task = SpawnedTask::spawn(async move {
+        // (Dropped unsent: the engine never read this input.)
+        if started.await.is_err() {
+            return;
+        }
         while let Some(item) = stream.next().await {
             let failed = item.is_err();
             if sender.send(item).await.is_err() || failed {
@@ -265,6 +277,7 @@ pub(crate) fn forward(
     let input = BlockingInput {
         batches,
         stopped,
+        start: Some(start),
         done: false,
     };
     (task, input)
@@ -294,6 +307,10 @@ impl Iterator for BlockingInput {
     fn next(&mut self) -> Option<Self::Item> {
         if self.done {
             return None;
+        }
+        if let Some(start) = self.start.take() {
+            // (The task is gone only if the run is being dropped: see below.)
+            let _ = start.send(());
         }
         let Self {
             batches, stopped, ..

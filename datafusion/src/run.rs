@@ -251,7 +251,7 @@ pub(crate) struct BlockingInput {
 /// Spawns the task that forwards `stream`'s batches, and returns its reading end.
 /// The task polls `stream` only once the engine first asks for a batch: a probe
 /// input polled from the start held a batch and its scan's fetched column chunks
-/// (tens of MiB a stream, outside the pool) through the whole build, as
+/// (a row group's, outside the pool) through the whole build, as
 /// DataFusion's own hash join, which polls its probe only after its build, does not
 /// (BENCHMARKS.md, "SQL through DataFusion").
 pub(crate) fn forward(
